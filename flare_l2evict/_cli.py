@@ -1,0 +1,188 @@
+"""``flare-l2evict``: the reference host's start-up, side by side without and with plugins."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._errors import L2EvictError
+from ._settings import load_deployment_config, settings_from_config
+from ._window import stock_buffer_bytes, stock_window_bytes
+from .reference_host import (
+    DEFAULT_KV_BYTES_PER_TOKEN,
+    DEFAULT_PROFILE,
+    PROFILES,
+    DeviceProfile,
+    ReferenceHost,
+    StartupResult,
+    write_example_checkpoint,
+)
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def _size(value: int) -> str:
+    if value % MiB == 0 and value < 16 * GiB:
+        return f"{value // MiB:,} MiB"
+    return f"{value / GiB:.2f} GiB"
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def _device(text: str) -> torch.device:
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (cpu or cuda:N)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use cpu or cuda:N")
+    return device
+
+
+def _add_profile_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=DEFAULT_PROFILE,
+        help=f"device to stand in for on a CPU (default {DEFAULT_PROFILE}, the seed's machine)",
+    )
+    parser.add_argument("--l2-mib", type=_positive, help="override the profile's L2 size")
+    parser.add_argument("--race-jobs", type=_positive, help="override the profile's race jobs")
+    parser.add_argument("--memory-gib", type=_positive, help="override the profile's memory")
+    parser.add_argument(
+        "--kv-bytes-per-token",
+        type=_positive,
+        default=DEFAULT_KV_BYTES_PER_TOKEN,
+        help=f"bytes of KV cache per token (default {DEFAULT_KV_BYTES_PER_TOKEN}, the seed's ratio)",
+    )
+
+
+def _profile(args: argparse.Namespace) -> DeviceProfile:
+    profile = PROFILES[args.profile]
+    if args.l2_mib:
+        profile = replace(profile, l2_cache_bytes=args.l2_mib * MiB)
+    if args.race_jobs:
+        profile = replace(profile, race_jobs=args.race_jobs)
+    if args.memory_gib:
+        profile = replace(profile, memory_bytes=args.memory_gib * GiB)
+    return profile
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flare-l2evict",
+        description="b12x start-up races evict L2 by reading resident weights; "
+        "the KV cache gets the eviction buffers.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    startup = commands.add_parser(
+        "startup",
+        help="run the reference host without and with plugins and compare the KV cache",
+    )
+    startup.add_argument(
+        "checkpoint", nargs="?", type=Path, help="a .safetensors file (default: embedded example)"
+    )
+    startup.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="load this flare plugin (repeatable), e.g. --plugin l2evict",
+    )
+    startup.add_argument("--config", type=Path, help="deployment config (.toml, .yaml, .json)")
+    startup.add_argument("--device", type=_device, default=torch.device("cpu"))
+    _add_profile_flags(startup)
+    startup.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def _eviction_cell(result: StartupResult) -> str:
+    stock = stock_buffer_bytes(result.l2_cache_bytes)
+    if result.eviction_storage_bytes == 0:
+        return "0 (reads weights)" if result.reclaimed_bytes else "0"
+    if result.eviction_storage_bytes == result.race_jobs * stock:
+        return f"{result.race_jobs} x {_size(stock)}"
+    return f"{result.eviction_storage_bytes:,} B"
+
+
+def _table(header: str, before: StartupResult, after: StartupResult, label: str) -> str:
+    measured = " (measured)" if after.eviction_measured else ""
+    rows = [
+        ("", "without plugins", label),
+        (f"L2 eviction storage{measured}", _eviction_cell(before), _eviction_cell(after)),
+        ("Loaded", _size(before.loaded_bytes), _size(after.loaded_bytes)),
+        ("KV cache budget", _size(before.kv_budget_bytes), _size(after.kv_budget_bytes)),
+        ("KV tokens", f"{before.kv_tokens:,}", f"{after.kv_tokens:,}"),
+        ("Reclaimed (report)", "-", f"{after.reclaimed_bytes:,} B"),
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [header, ""]
+    lines += [f"{a:<{widths[0]}}   {b:>{widths[1]}}   {c:>{widths[2]}}" for a, b, c in rows]
+    if after.report is not None:
+        lines += ["", f"l2evict: {after.report.summary()}"]
+    return "\n".join(lines)
+
+
+def _startup(args: argparse.Namespace) -> int:
+    config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
+    if "l2evict" in args.plugin:
+        settings_from_config(config)  # a bad section stops here, with its one-line message
+    profile = _profile(args)
+    device: torch.device = args.device
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise L2EvictError(f"--device {device}: CUDA is not available here; fix: --device cpu")
+    l2 = (
+        torch.cuda.get_device_properties(device).L2_cache_size
+        if device.type == "cuda"
+        else profile.l2_cache_bytes
+    )
+    common: dict[str, Any] = {
+        "config": config,
+        "device": device,
+        "profile": profile,
+        "kv_bytes_per_token": args.kv_bytes_per_token,
+    }
+    with tempfile.TemporaryDirectory(prefix="flare-l2evict-") as scratch:
+        checkpoint = args.checkpoint or write_example_checkpoint(scratch, stock_window_bytes(l2))
+        before = ReferenceHost(plugins=(), **common).start(checkpoint)
+        after = ReferenceHost(plugins=args.plugin, **common).start(checkpoint)
+    if args.json:
+        print(json.dumps({"without": before.as_dict(), "with": after.as_dict()}, indent=2))
+        return 0
+    what = str(args.checkpoint) if args.checkpoint else "embedded example"
+    header = (
+        f"flare-l2evict startup: {what} on {device}; profile {profile.name} "
+        f"({_size(before.memory_bytes)}, L2 {_size(before.l2_cache_bytes)}, "
+        f"{profile.race_jobs} race jobs); {args.kv_bytes_per_token} bytes per KV token"
+    )
+    label = " ".join(f"--plugin {name}" for name in args.plugin) or "with no --plugin"
+    print(_table(header, before, after, label))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        return {"startup": _startup}[args.command](args)
+    except L2EvictError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

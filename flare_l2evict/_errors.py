@@ -1,0 +1,31 @@
+"""The errors an operator can see. Each message is one line: the cause, then the fix."""
+
+from __future__ import annotations
+
+
+class L2EvictError(Exception):
+    """Base of every error this package raises on purpose.
+
+    ``str(error)`` is a single line that names the cause and the fix; the CLI
+    prints it as ``error: <message>`` and exits 2, with no traceback.
+    """
+
+
+class ConfigError(L2EvictError):
+    """The deployment config or the plugin's section of it is unreadable or invalid."""
+
+
+class CheckpointError(L2EvictError):
+    """A checkpoint path is missing, not safetensors, or truncated."""
+
+
+class PluginNotFoundError(L2EvictError):
+    """``--plugin NAME`` names no installed ``flare.plugins`` entry point."""
+
+
+class InstallError(L2EvictError):
+    """b12x is missing, or its race-eviction seam does not have the expected shape."""
+
+
+class SourceError(L2EvictError):
+    """No resident storage on the device can serve as the eviction source."""

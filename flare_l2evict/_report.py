@@ -1,0 +1,70 @@
+"""What the plugin hands the KV allocator, and what an operator reads."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+
+
+class SourceRead(BaseModel):
+    """One storage the eviction reads."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tensor: str = Field(description="Name of the largest tensor viewing the storage.")
+    storage_bytes: NonNegativeInt
+
+
+class ReclaimReport(BaseModel):
+    """The outcome of ``before_first_capture`` on one rank.
+
+    Invariant the KV allocator relies on: ``reclaimed_bytes`` is never more
+    than the eviction storage the races no longer allocate on this rank, and
+    under tensor parallelism it is the same on every rank. When it is 0,
+    ``reason`` says why.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: str
+    rank: NonNegativeInt = 0
+    world_size: int = Field(default=1, ge=1)
+    reclaimed_bytes: NonNegativeInt = Field(
+        description="Bytes the KV allocator may add to its budget; agreed across ranks."
+    )
+    local_reclaimed_bytes: NonNegativeInt = Field(
+        default=0, description="What this rank alone saved, before agreement."
+    )
+    mechanism: Literal["fork", "stock-seam", "none"]
+    source_tensor: str | None = None
+    source_storage_bytes: NonNegativeInt = 0
+    sources: tuple[SourceRead, ...] = ()
+    window_bytes: NonNegativeInt = 0
+    stock_buffer_bytes: NonNegativeInt = 0
+    race_jobs: NonNegativeInt = 0
+    reason: str | None = None
+    fallback_ranks: dict[int, str] = Field(
+        default_factory=dict, description="Ranks that reclaimed nothing, with their reasons."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ReclaimReport:
+        if self.reclaimed_bytes == 0 and not self.reason:
+            raise ValueError("a report that reclaims nothing must say why (reason)")
+        if self.reclaimed_bytes > 0 and self.mechanism == "none":
+            raise ValueError("reclaimed bytes need a mechanism")
+        if self.rank >= self.world_size:
+            raise ValueError("rank must be below world_size")
+        return self
+
+    def summary(self) -> str:
+        """One line for the start-up log."""
+        if self.reclaimed_bytes == 0:
+            return f"reclaimed 0 bytes on {self.device} (rank {self.rank}): {self.reason}"
+        return (
+            f"reclaimed {self.reclaimed_bytes:,} bytes on {self.device} (rank {self.rank}) "
+            f"via {self.mechanism}: races read {self.source_tensor!r} "
+            f"({self.source_storage_bytes:,}-byte storage, {self.window_bytes:,}-byte window) "
+            f"instead of {self.race_jobs} x {self.stock_buffer_bytes:,}-byte buffers"
+        )

@@ -1,0 +1,160 @@
+"""The plugin's section of the deployment config: ``[plugins.l2evict]``."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_validator
+
+from ._errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+SECTION = ("plugins", "l2evict")
+_SECTION_NAME = ".".join(SECTION)
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
+
+# What each key accepts, in the words an error message uses.
+ALLOWED: dict[str, str] = {
+    "enabled": "true or false",
+    "window": "'stock' (the default: max(2 x L2, 64 MiB), what stock b12x reads), "
+    "a positive whole number of bytes, or a size such as '256MiB'",
+    "exclude": "a list of tensor-name glob patterns, such as ['*.embed_tokens.*']",
+    "on_error": "'fallback' (the default: keep stock b12x and reclaim 0) or 'raise'",
+}
+
+
+def _parse_size(value: object) -> int | str | None:
+    if value is None or isinstance(value, bool):
+        raise ValueError("not a size")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered == "stock":
+            return lowered
+        match = _SIZE.match(lowered)
+        if match:
+            unit = (match.group(2) or "").replace("kb", "kib").replace("mb", "mib")
+            unit = unit.replace("gb", "gib")
+            return int(match.group(1)) * _UNITS[unit]
+    raise ValueError("not a size")
+
+
+class L2EvictSettings(BaseModel):
+    """``[plugins.l2evict]``: every key is optional; unknown keys are errors.
+
+    ``window`` is ``"stock"`` for the bytes stock b12x reads on the device, or
+    a byte count.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: StrictBool = True
+    window: int | Literal["stock"] = "stock"
+    exclude: tuple[str, ...] = ()
+    on_error: Literal["fallback", "raise"] = "fallback"
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _window(cls, value: object) -> int | str | None:
+        parsed = _parse_size(value)
+        if isinstance(parsed, int) and parsed <= 0:
+            raise ValueError("not positive")
+        return parsed
+
+    @field_validator("exclude", mode="before")
+    @classmethod
+    def _exclude(cls, value: object) -> object:
+        if isinstance(value, str) or not isinstance(value, list | tuple):
+            raise ValueError("not a list")
+        if not all(isinstance(item, str) and item for item in value):
+            raise ValueError("not a list of non-empty strings")
+        return tuple(value)
+
+
+def _one_line(error: ValidationError, section: Mapping[str, Any]) -> str:
+    problems = []
+    for item in error.errors():
+        key = str(item["loc"][0]) if item["loc"] else "?"
+        if item["type"] == "extra_forbidden":
+            problems.append(
+                f"{_SECTION_NAME}.{key}: unknown key (allowed keys: {', '.join(ALLOWED)})"
+            )
+        else:
+            shown = json.dumps(section.get(key), default=str)
+            problems.append(f"{_SECTION_NAME}.{key} = {shown} is invalid: use {ALLOWED[key]}")
+    return "; ".join(dict.fromkeys(problems))
+
+
+def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
+    """The validated ``[plugins.l2evict]`` section; defaults when it is absent.
+
+    Raises :class:`ConfigError` with one line naming each bad key and what it
+    accepts. Other sections belong to the host and are not inspected.
+    """
+    section: object = config or {}
+    for part in SECTION:
+        section = section.get(part, {}) if isinstance(section, Mapping) else None
+        if section is None:
+            raise ConfigError(f"[{_SECTION_NAME}] must be a table of keys, not {section!r}")
+    if not isinstance(section, Mapping):
+        raise ConfigError(
+            f"[{_SECTION_NAME}] must be a table of keys ({', '.join(ALLOWED)}), "
+            f"not {type(section).__name__}"
+        )
+    try:
+        return L2EvictSettings.model_validate(dict(section))
+    except ValidationError as error:
+        raise ConfigError(_one_line(error, section)) from None
+
+
+def load_deployment_config(path: str | Path) -> dict[str, Any]:
+    """Read a deployment config: TOML (``.toml``), YAML (``.yaml``/``.yml``) or JSON.
+
+    YAML is read with ``yaml.safe_load``, which builds no Python objects.
+    Raises :class:`ConfigError` naming the file and the problem.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file; fix: pass an existing --config FILE")
+    suffix = path.suffix.lower()
+    try:
+        text = path.read_text(encoding="utf-8")
+        if suffix == ".toml":
+            data: object = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError:
+                raise ConfigError(
+                    f"{path}: YAML configs need PyYAML; fix: pip install 'flare-l2evict[yaml]'"
+                ) from None
+            data = yaml.safe_load(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(
+                f"{path}: unknown config format {suffix or '(none)'!r}; "
+                "fix: use a .toml, .yaml, .yml or .json file"
+            )
+    except ConfigError:
+        raise
+    except Exception as error:  # the parsers' own error types differ; all mean "bad file"
+        detail = " ".join(str(error).split())
+        raise ConfigError(f"{path}: cannot parse {suffix[1:]} ({detail})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table/mapping, not {type(data).__name__}")
+    return data

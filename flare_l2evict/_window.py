@@ -1,0 +1,34 @@
+"""How many bytes a race's L2 eviction reads, and what stock b12x allocates for it."""
+
+from __future__ import annotations
+
+import torch
+
+_FLOOR_BYTES = 64 << 20
+
+
+def stock_window_bytes(l2_cache_bytes: int) -> int:
+    """``max(2 x L2, 64 MiB)``: the bytes stock b12x's eviction reads per sample.
+
+    Mirrors ``b12x.preparation._measurement._l2_flush_fn``.
+    """
+    return max(2 * int(l2_cache_bytes), _FLOOR_BYTES)
+
+
+def stock_buffer_bytes(l2_cache_bytes: int) -> int:
+    """Bytes of the float32 buffer stock b12x allocates per race job.
+
+    ``_l2_flush_fn`` rounds the window up to whole float32 elements. Its 0-d
+    float32 output is left out on purpose: the plugin allocates one too, so
+    leaving it out keeps the reclaimed figure a lower bound.
+    """
+    return (stock_window_bytes(l2_cache_bytes) + 3) // 4 * 4
+
+
+def device_l2_bytes(device: torch.device) -> int:
+    """The L2 size of a CUDA device, as stock b12x reads it."""
+    if device.type != "cuda":
+        raise ValueError(
+            f"{device} has no L2 size to read; the host must pass runtime.l2_cache_bytes"
+        )
+    return int(torch.cuda.get_device_properties(device).L2_cache_size)

@@ -1,0 +1,109 @@
+"""The host contract: the hooks a flare host declares and calls, and what it passes.
+
+A host that does not declare these hooks yet can adopt them with::
+
+    pm = pluggy.PluginManager("flare")
+    pm.add_hookspecs(flare_l2evict.hookspec.FlareStartupSpec)
+    pm.load_setuptools_entrypoints("flare.plugins", name="l2evict")
+
+Call order, once per GPU process:
+
+1. load the checkpoint onto the process's device;
+2. ``pm.hook.before_first_capture(runtime=runtime)``, before any b12x start-up
+   race job is created and before any CUDA graph is captured;
+3. run the start-up races and captures; size the KV cache;
+4. ``pm.hook.startup_complete(runtime=runtime)`` once the last race job has
+   closed. Plugins then restore what they changed and drop every reference
+   they hold to the runtime's tensors.
+
+Under tensor parallelism every rank calls both hooks; ``before_first_capture``
+runs a collective on ``runtime.process_group``, so every rank must call it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import pluggy
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed
+
+    from ._report import ReclaimReport
+
+PROJECT_NAME = "flare"
+"""The pluggy project name of the flare runtime; hook markers are bound to it."""
+
+ENTRY_POINT_GROUP = "flare.plugins"
+"""The entry-point group a host loads plugins from, filtered by ``--plugin NAME``."""
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@runtime_checkable
+class KVAllocator(Protocol):
+    """The host's KV-cache allocator, as a start-up plugin sees it."""
+
+    def add_reclaimed(self, report: ReclaimReport) -> None:
+        """Grow the KV budget by exactly ``report.reclaimed_bytes``.
+
+        Called at most once per start-up by this plugin, before the host sizes
+        the KV cache. The figure is already agreed across tensor-parallel ranks.
+        """
+
+
+@runtime_checkable
+class FlareRuntime(Protocol):
+    """What the host passes as ``runtime`` to the start-up hooks.
+
+    ``device``
+        The process's GPU (``torch.device("cuda", N)``); the reference host
+        also accepts ``cpu``.
+    ``rank``, ``world_size``, ``process_group``
+        Tensor-parallel placement; ``process_group`` is ``None`` for a single
+        process, else the group whose ranks must size the KV cache alike.
+    ``config``
+        The deployment config as a mapping; the plugin reads ``plugins.l2evict``.
+    ``race_jobs``
+        How many b12x race jobs this process holds at once during start-up:
+        stock b12x allocates one eviction buffer per job.
+    ``l2_cache_bytes``
+        The device's L2 size, or ``None`` to read it from the CUDA device.
+    ``kv_allocator``
+        See :class:`KVAllocator`.
+    ``resident_tensors()``
+        The checkpoint tensors as loaded, by name. The plugin only reads them
+        and holds no reference after ``startup_complete``.
+    """
+
+    device: torch.device
+    rank: int
+    world_size: int
+    process_group: torch.distributed.ProcessGroup | None
+    config: Mapping[str, Any]
+    race_jobs: int
+    l2_cache_bytes: int | None
+    kv_allocator: KVAllocator
+
+    def resident_tensors(self) -> Mapping[str, torch.Tensor]: ...
+
+
+class FlareStartupSpec:
+    """Hook specifications of the flare start-up path (``pm.add_hookspecs`` this class)."""
+
+    @hookspec
+    def before_first_capture(self, runtime: FlareRuntime) -> ReclaimReport | None:
+        """The checkpoint is resident; no race job or graph capture has started.
+
+        A plugin that frees start-up memory hands a :class:`ReclaimReport` to
+        ``runtime.kv_allocator.add_reclaimed`` itself and returns the same
+        report for the host's log. The host must not credit returned reports a
+        second time.
+        """
+
+    @hookspec
+    def startup_complete(self, runtime: FlareRuntime) -> None:
+        """Start-up races and captures are over; restore and release everything."""

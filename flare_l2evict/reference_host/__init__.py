@@ -1,0 +1,35 @@
+"""A reference flare host for tests and demos: not a server.
+
+It proves the host contract in :mod:`flare_l2evict.hookspec` end to end:
+entry-point loading filtered by ``--plugin``, a deployment config, a
+safetensors checkpoint on a device, the start-up hooks, b12x race jobs, and a
+KV allocator that sizes the cache from what the plugins report.
+"""
+
+from ._checkpoint import load_checkpoint
+from ._example import example_tensors, write_example_checkpoint
+from ._host import (
+    ReferenceHost,
+    ReferenceKVAllocator,
+    ReferenceRuntime,
+    StartupResult,
+    installed_plugins,
+    plugin_manager,
+)
+from ._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
+
+__all__ = [
+    "DEFAULT_KV_BYTES_PER_TOKEN",
+    "DEFAULT_PROFILE",
+    "PROFILES",
+    "DeviceProfile",
+    "ReferenceHost",
+    "ReferenceKVAllocator",
+    "ReferenceRuntime",
+    "StartupResult",
+    "example_tensors",
+    "installed_plugins",
+    "load_checkpoint",
+    "plugin_manager",
+    "write_example_checkpoint",
+]

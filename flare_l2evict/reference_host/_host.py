@@ -1,0 +1,260 @@
+"""The reference host: what a flare process does around the start-up hooks.
+
+A test and demo harness, not a server. It loads plugins the way flare does
+(``flare.plugins`` entry points, only those named by ``--plugin``), loads a
+checkpoint, calls the hooks in the documented order, starts b12x race jobs
+through b12x's own seam, and sizes the KV cache.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pluggy
+import torch
+
+from .._errors import L2EvictError, PluginNotFoundError
+from .._report import ReclaimReport
+from .._window import stock_buffer_bytes
+from ..hookspec import ENTRY_POINT_GROUP, PROJECT_NAME, FlareStartupSpec
+from ._checkpoint import load_checkpoint
+from ._profiles import DeviceProfile
+
+log = logging.getLogger("flare_l2evict.reference_host")
+
+
+class ReferenceKVAllocator:
+    """Budget = device memory - loaded - eviction reserve + reclaimed; tokens = budget // B."""
+
+    def __init__(self, bytes_per_token: int) -> None:
+        if bytes_per_token <= 0:
+            raise ValueError("bytes_per_token must be positive")
+        self.bytes_per_token = bytes_per_token
+        self.reclaimed_bytes = 0
+        self.reports: list[ReclaimReport] = []
+
+    def add_reclaimed(self, report: ReclaimReport) -> None:
+        self.reports.append(report)
+        self.reclaimed_bytes += report.reclaimed_bytes
+
+    def budget(self, memory_bytes: int, loaded_bytes: int, reserve_bytes: int) -> int:
+        return max(0, memory_bytes - loaded_bytes - reserve_bytes + self.reclaimed_bytes)
+
+
+@dataclass
+class ReferenceRuntime:
+    """The ``runtime`` object of the host contract (:class:`flare_l2evict.FlareRuntime`)."""
+
+    device: torch.device
+    config: Mapping[str, Any]
+    kv_allocator: ReferenceKVAllocator
+    race_jobs: int
+    l2_cache_bytes: int | None
+    tensors: dict[str, torch.Tensor] = field(repr=False)
+    rank: int = 0
+    world_size: int = 1
+    process_group: Any = None
+
+    def resident_tensors(self) -> Mapping[str, torch.Tensor]:
+        return self.tensors
+
+
+@dataclass(frozen=True)
+class StartupResult:
+    """One start-up's figures. ``eviction_measured``: read off the CUDA allocator."""
+
+    plugins: tuple[str, ...]
+    device: str
+    memory_bytes: int
+    l2_cache_bytes: int
+    race_jobs: int
+    loaded_bytes: int
+    eviction_reserve_bytes: int
+    eviction_storage_bytes: int
+    eviction_measured: bool
+    reclaimed_bytes: int
+    kv_budget_bytes: int
+    kv_tokens: int
+    report: ReclaimReport | None
+    job_evictions: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items() if k != "report"}
+        data["report"] = None if self.report is None else self.report.model_dump(mode="json")
+        return data
+
+
+def installed_plugins() -> list[str]:
+    """Names of the ``flare.plugins`` entry points installed in this environment."""
+    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def plugin_manager(plugins: Sequence[str]) -> pluggy.PluginManager:
+    """A flare plugin manager holding exactly the named entry-point plugins."""
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(FlareStartupSpec)
+    for name in plugins:
+        if pm.get_plugin(name) is None and pm.load_setuptools_entrypoints(
+            ENTRY_POINT_GROUP, name=name
+        ) == 0:
+            known = ", ".join(installed_plugins()) or "none"
+            raise PluginNotFoundError(
+                f"--plugin {name}: no such flare plugin is installed (installed: {known}); "
+                "fix: pip install the package that provides it, or drop the flag"
+            )
+    return pm
+
+
+def _stock_seam() -> Callable[..., Any] | None:
+    try:
+        module = importlib.import_module("b12x.preparation._measurement")
+    except ImportError:
+        return None
+    return getattr(module, "_l2_flush_fn", None)
+
+
+def _storage_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for tensor in tensors.values():
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+class ReferenceHost:
+    """One flare process's start-up, around the two hooks.
+
+    ``profile`` supplies memory, L2 and race jobs on a CPU; on a CUDA device
+    memory and L2 are read from the device and only ``race_jobs`` is used.
+    """
+
+    def __init__(
+        self,
+        *,
+        plugins: Sequence[str] = (),
+        config: Mapping[str, Any] | None = None,
+        device: torch.device | str = "cpu",
+        profile: DeviceProfile,
+        kv_bytes_per_token: int,
+        rank: int = 0,
+        world_size: int = 1,
+        process_group: Any = None,
+    ) -> None:
+        self.plugins = tuple(plugins)
+        self.config = dict(config or {})
+        self.device = torch.device(device)
+        self.profile = profile
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.rank, self.world_size, self.process_group = rank, world_size, process_group
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise L2EvictError(f"--device {device}: CUDA is not available here; fix: --device cpu")
+        self.pm = plugin_manager(self.plugins)
+        self.events: list[str] = []
+
+    def _device_figures(self) -> tuple[int, int]:
+        if self.device.type == "cuda":
+            properties = torch.cuda.get_device_properties(self.device)
+            return int(properties.total_memory), int(properties.L2_cache_size)
+        return self.profile.memory_bytes, self.profile.l2_cache_bytes
+
+    def start(self, checkpoint: str | Path | Mapping[str, torch.Tensor]) -> StartupResult:
+        """Load, call the hooks, start the race jobs, size the KV cache."""
+        memory, l2 = self._device_figures()
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+        if isinstance(checkpoint, Mapping):
+            tensors = {k: v.to(self.device) for k, v in checkpoint.items()}
+        else:
+            tensors = load_checkpoint(checkpoint, self.device)
+        loaded = torch.cuda.memory_allocated(self.device) - before if cuda else _storage_bytes(tensors)
+        self.events.append("checkpoint loaded")
+        allocator = ReferenceKVAllocator(self.kv_bytes_per_token)
+        runtime = ReferenceRuntime(
+            device=self.device,
+            config=self.config,
+            kv_allocator=allocator,
+            race_jobs=self.profile.race_jobs,
+            l2_cache_bytes=None if cuda else l2,
+            tensors=tensors,
+            rank=self.rank,
+            world_size=self.world_size,
+            process_group=self.process_group,
+        )
+        self.events.append("before_first_capture")
+        results = self.pm.hook.before_first_capture(runtime=runtime)
+        report = next((r for r in results if isinstance(r, ReclaimReport)), None)
+        try:
+            storage, measured, evictions = self._start_race_jobs(l2)
+        finally:
+            self.events.append("startup_complete")
+            self.pm.hook.startup_complete(runtime=runtime)
+        reserve = self.profile.race_jobs * stock_buffer_bytes(l2)
+        budget = allocator.budget(memory, loaded, reserve)
+        return StartupResult(
+            plugins=self.plugins,
+            device=str(self.device),
+            memory_bytes=memory,
+            l2_cache_bytes=l2,
+            race_jobs=self.profile.race_jobs,
+            loaded_bytes=loaded,
+            eviction_reserve_bytes=reserve,
+            eviction_storage_bytes=storage,
+            eviction_measured=measured,
+            reclaimed_bytes=allocator.reclaimed_bytes,
+            kv_budget_bytes=budget,
+            kv_tokens=budget // self.kv_bytes_per_token,
+            report=report,
+            job_evictions=evictions,
+        )
+
+    def _start_race_jobs(self, l2: int) -> tuple[int, bool, tuple[str, ...]]:
+        """Create the race jobs' evictions the way ``PreparationJob._measure`` does.
+
+        All jobs are alive at once, as in a start-up. On CUDA the storage they
+        allocate is measured; on a CPU, stock's buffers cannot be made, so a job
+        that gets no eviction from the plugin is counted at stock's size.
+        """
+        seam = _stock_seam()
+        cuda = self.device.type == "cuda"
+        if cuda and seam is None:
+            raise L2EvictError(
+                "b12x is not importable, so no race job can start on CUDA; "
+                "fix: pip install 'flashinfer-python>=0.7.2' (or b12x>=1.5)"
+            )
+        jobs: list[object] = []
+        modelled = 0
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+        for index in range(self.profile.race_jobs):
+            self.events.append(f"race job {index} starts")
+            eviction = None
+            if seam is not None and (cuda or getattr(seam, "__flare_l2evict__", False)):
+                eviction = seam(self.device, enabled=True)
+            if eviction is None or (not cuda and not _reads_weights(eviction)):
+                modelled += stock_buffer_bytes(l2)
+            else:
+                eviction()
+            jobs.append(eviction)
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            storage = torch.cuda.memory_allocated(self.device) - before
+        else:
+            storage = modelled
+        names = tuple(repr(job) for job in jobs)
+        jobs.clear()
+        return storage, cuda, names
+
+
+def _reads_weights(eviction: object) -> bool:
+    from .._eviction import WeightEviction
+
+    return isinstance(eviction, WeightEviction)
