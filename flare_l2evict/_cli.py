@@ -71,7 +71,7 @@ def _add_profile_flags(parser: argparse.ArgumentParser) -> None:
         "--kv-bytes-per-token",
         type=_positive,
         default=DEFAULT_KV_BYTES_PER_TOKEN,
-        help=f"bytes of KV cache per token (default {DEFAULT_KV_BYTES_PER_TOKEN}, the seed's ratio)",
+        help=f"KV cache bytes per token (default {DEFAULT_KV_BYTES_PER_TOKEN}, the seed's ratio)",
     )
 
 

@@ -156,5 +156,7 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a table/mapping, not {type(data).__name__}")
+        raise ConfigError(
+            f"{path}: the top level must be a table/mapping, not {type(data).__name__}"
+        )
     return data

@@ -69,7 +69,7 @@ def _storages(names: list[str], values: list[object]) -> list[torch.UntypedStora
     except Exception:
         pass
     found: list[torch.UntypedStorage | None] = []
-    for name, value in zip(names, values):
+    for name, value in zip(names, values, strict=True):
         if not isinstance(value, torch.Tensor):
             raise SourceError(
                 f"resident tensor {name!r} is a {type(value).__name__}, not a torch.Tensor; "
@@ -179,7 +179,7 @@ def _shortfall(
 ) -> str:
     counts = {"other device": 0, "meta": 0, "empty or freed": 0, "excluded": 0, "no storage": 0}
     usable: dict[int, int] = {}
-    for storage, size in zip(storages, sizes):
+    for storage, size in zip(storages, sizes, strict=True):
         if storage is None:
             counts["no storage"] += 1
         elif storage.device.type == "meta":

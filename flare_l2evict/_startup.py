@@ -53,12 +53,17 @@ class L2EvictStartup:
         except Exception as caught:
             self._restore()
             error = caught
-            reason = str(caught) if isinstance(caught, L2EvictError) else f"{type(caught).__name__}: {caught}"
+            reason = (
+                str(caught)
+                if isinstance(caught, L2EvictError)
+                else f"{type(caught).__name__}: {caught}"
+            )
         # Every rank reaches the agreement, faulted or not, so none waits forever.
         digest, shown = settings_digest(settings)
         try:
             agreed = agree(
-                RankOutcome(rank, local, reason, digest, shown), getattr(runtime, "process_group", None)
+                RankOutcome(rank, local, reason, digest, shown),
+                getattr(runtime, "process_group", None),
             )
         except Exception as caught:
             self._restore()
@@ -110,7 +115,9 @@ class L2EvictStartup:
         fields.update(
             source_tensor=choice.name,
             source_storage_bytes=choice.total_bytes,
-            sources=tuple(SourceRead(tensor=s.name, storage_bytes=s.nbytes) for s in choice.storages),
+            sources=tuple(
+                SourceRead(tensor=s.name, storage_bytes=s.nbytes) for s in choice.storages
+            ),
         )
         # Each race job would have allocated one stock buffer; the plugin's own
         # 0-d output is not subtracted because stock allocates one per job too.
@@ -128,4 +135,6 @@ class L2EvictStartup:
 
 
 def _only_sizes(fields: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in fields.items() if k in ("window_bytes", "stock_buffer_bytes", "race_jobs")}
+    return {
+        k: v for k, v in fields.items() if k in ("window_bytes", "stock_buffer_bytes", "race_jobs")
+    }

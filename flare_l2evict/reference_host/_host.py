@@ -100,9 +100,10 @@ def plugin_manager(plugins: Sequence[str]) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(PROJECT_NAME)
     pm.add_hookspecs(FlareStartupSpec)
     for name in plugins:
-        if pm.get_plugin(name) is None and pm.load_setuptools_entrypoints(
-            ENTRY_POINT_GROUP, name=name
-        ) == 0:
+        if (
+            pm.get_plugin(name) is None
+            and pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name) == 0
+        ):
             known = ", ".join(installed_plugins()) or "none"
             raise PluginNotFoundError(
                 f"--plugin {name}: no such flare plugin is installed (installed: {known}); "
@@ -174,7 +175,9 @@ class ReferenceHost:
             tensors = {k: v.to(self.device) for k, v in checkpoint.items()}
         else:
             tensors = load_checkpoint(checkpoint, self.device)
-        loaded = torch.cuda.memory_allocated(self.device) - before if cuda else _storage_bytes(tensors)
+        loaded = (
+            torch.cuda.memory_allocated(self.device) - before if cuda else _storage_bytes(tensors)
+        )
         self.events.append("checkpoint loaded")
         allocator = ReferenceKVAllocator(self.kv_bytes_per_token)
         runtime = ReferenceRuntime(

@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import pytest
+import torch
+
+from flare_l2evict import WeightEviction, choose_source
+
+
+def digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def test_reads_the_tail_of_the_storage_and_writes_nothing() -> None:
+    weights = torch.arange(1000, dtype=torch.float32)
+    before = digest(weights)
+    eviction = WeightEviction(choose_source({"w": weights}, "cpu", window_bytes=400))
+    eviction()
+    assert eviction.read_bytes == 400
+    assert eviction._out.item() == sum(range(900, 1000))  # the last 100 floats
+    assert digest(weights) == before
+
+
+def test_reads_several_storages_to_cover_the_window() -> None:
+    tensors = {"big": torch.ones(100), "small": torch.full((60,), 2.0)}
+    eviction = WeightEviction(choose_source(tensors, "cpu", window_bytes=600))
+    assert eviction.read_bytes == 600
+    assert len(eviction._views) == 2
+    eviction()
+    # The last view read is 50 elements of "small" (2.0 each).
+    assert eviction._out.item() == 100.0
+
+
+def test_a_call_allocates_nothing_on_the_host_side() -> None:
+    weights = torch.zeros(1 << 16)
+    eviction = WeightEviction(choose_source({"w": weights}, "cpu", window_bytes=1 << 16))
+    out = eviction._out
+    for _ in range(3):
+        eviction()
+    assert eviction._out is out
+
+
+def test_a_freed_storage_falls_back_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    weights = torch.zeros(1024)
+    calls: list[str] = []
+
+    def stock_factory_stand_in():
+        calls.append("made")
+        return lambda: calls.append("stock")
+
+    eviction = WeightEviction(
+        choose_source({"w": weights}, "cpu", window_bytes=4096), fallback=stock_factory_stand_in
+    )
+    weights.untyped_storage().resize_(0)
+    with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
+        eviction()
+        eviction()
+    assert calls == ["made", "stock", "stock"]
+    assert eviction.released
+    assert len([r for r in caplog.records if "falls back" in r.message]) == 1
+
+
+def test_release_drops_the_weights() -> None:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    weights = torch.zeros(4096)
+    ref = StorageWeakRef(weights.untyped_storage())
+    eviction = WeightEviction(choose_source({"w": weights}, "cpu", window_bytes=1024))
+    del weights
+    assert not ref.expired()  # the eviction keeps it alive while installed
+    eviction.release()
+    assert ref.expired()

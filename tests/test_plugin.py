@@ -1,0 +1,175 @@
+"""The plugin through real pluggy and the installed entry point, on the reference host."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import flare_l2evict
+from flare_l2evict import L2EvictError, PluginNotFoundError, WeightEviction
+from flare_l2evict.reference_host import (
+    PROFILES,
+    ReferenceHost,
+    example_tensors,
+    installed_plugins,
+    plugin_manager,
+)
+
+MiB = 1 << 20
+GB202 = PROFILES["gb202"]
+measurement = pytest.importorskip("b12x.preparation._measurement")
+
+
+def host(
+    plugins: tuple[str, ...] = ("l2evict",), config: dict | None = None, profile=GB202
+) -> ReferenceHost:
+    return ReferenceHost(plugins=plugins, config=config, profile=profile, kv_bytes_per_token=948)
+
+
+@pytest.fixture(scope="module")
+def gb202_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from safetensors.torch import save_file
+
+    path = tmp_path_factory.mktemp("ckpt") / "model.safetensors"
+    save_file(example_tensors(256 * MiB), str(path))
+    return path
+
+
+def test_entry_point_is_installed_and_loaded_by_name() -> None:
+    assert "l2evict" in installed_plugins()
+    pm = plugin_manager(["l2evict"])
+    assert pm.get_plugin("l2evict") is flare_l2evict.plugin
+    assert plugin_manager([]).get_plugins() == set()
+
+
+def test_seed_shape_on_gb202(gb202_checkpoint: Path) -> None:
+    without = host(plugins=()).start(gb202_checkpoint)
+    with_plugin = host().start(gb202_checkpoint)
+    assert without.eviction_storage_bytes == 5 * 256 * MiB == 1_342_177_280
+    assert with_plugin.eviction_storage_bytes == 0
+    assert with_plugin.reclaimed_bytes == 1_342_177_280
+    assert with_plugin.kv_budget_bytes - without.kv_budget_bytes == 1_342_177_280
+    assert with_plugin.kv_tokens - without.kv_tokens == pytest.approx(1_342_177_280 / 948, abs=1)
+    report = with_plugin.report
+    assert report is not None and report.mechanism == "stock-seam"
+    assert report.source_tensor == "model.layers.3.mlp.experts.w13_weight"
+    assert report.window_bytes == 256 * MiB
+
+
+def test_source_is_named_before_the_first_race_job(gb202_checkpoint: Path) -> None:
+    reference = host()
+    result = reference.start(gb202_checkpoint)
+    events = reference.events
+    assert events.index("before_first_capture") < events.index("race job 0 starts")
+    assert all(e.startswith("WeightEviction(") for e in result.job_evictions)
+    assert events[-1] == "startup_complete"
+    assert measurement._l2_flush_fn.__name__ == "_l2_flush_fn"
+    assert not hasattr(measurement._l2_flush_fn, "__flare_l2evict__")
+
+
+def test_no_reference_to_the_weights_after_startup() -> None:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    tensors = example_tensors(64 * MiB)
+    big = StorageWeakRef(tensors["model.layers.3.mlp.experts.w13_weight"].untyped_storage())
+    small_l2 = dataclasses.replace(GB202, l2_cache_bytes=32 * MiB)
+    result = host(profile=small_l2).start(tensors)
+    assert result.reclaimed_bytes == 5 * 64 * MiB
+    del tensors
+    gc.collect()
+    assert big.expired()
+
+
+def test_disabled_by_config_leaves_the_budget(gb202_checkpoint: Path) -> None:
+    without = host(plugins=()).start(gb202_checkpoint)
+    off = host(config={"plugins": {"l2evict": {"enabled": False}}}).start(gb202_checkpoint)
+    assert off.kv_budget_bytes == without.kv_budget_bytes
+    assert off.report is not None and off.report.reason.startswith("disabled by config")
+
+
+def test_not_named_by_plugin_flag_leaves_the_budget(gb202_checkpoint: Path) -> None:
+    assert host(plugins=()).start(gb202_checkpoint).report is None
+
+
+def test_unknown_plugin_is_a_clear_error() -> None:
+    with pytest.raises(PluginNotFoundError, match=r"--plugin l2evcit: .*installed: .*l2evict"):
+        host(plugins=("l2evcit",))
+
+
+def test_hook_twice_changes_nothing(make_runtime: Callable) -> None:
+    runtime = make_runtime({"w": torch.zeros(32 * MiB // 4 * 2)})
+    pm = plugin_manager(["l2evict"])
+    first = pm.hook.before_first_capture(runtime=runtime)[0]
+    seam = measurement._l2_flush_fn
+    second = pm.hook.before_first_capture(runtime=runtime)[0]
+    assert second is first
+    assert measurement._l2_flush_fn is seam
+    assert runtime.kv_allocator.reclaimed_bytes == first.reclaimed_bytes  # credited once
+    pm.hook.startup_complete(runtime=runtime)
+
+
+@pytest.mark.parametrize(
+    ("tensors", "reason"),
+    [
+        ({}, "no resident checkpoint tensors"),
+        ({"meta": torch.empty(1 << 30, device="meta")}, "1 meta"),
+        ({"small": torch.zeros(16)}, "covers the"),
+    ],
+)
+def test_fallbacks_report_zero_with_the_reason(
+    make_runtime: Callable, tensors: dict, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    pm = plugin_manager(["l2evict"])
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        report = pm.hook.before_first_capture(runtime=make_runtime(tensors))[0]
+    assert report.reclaimed_bytes == 0 and reason in report.reason
+    assert report.mechanism == "none"
+    assert measurement._l2_flush_fn.__name__ == "_l2_flush_fn"
+    assert flare_l2evict.active_installation() is None
+    lines = [r for r in caplog.records if r.name.startswith("flare_l2evict")]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+
+
+def test_other_device_fallback(make_runtime: Callable) -> None:
+    runtime = make_runtime({"embed": torch.zeros(1 << 24)}, device="cuda:0")
+    report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
+    assert report.reclaimed_bytes == 0 and "1 other device" in report.reason
+
+
+def test_bad_config_in_the_hook_falls_back(make_runtime: Callable) -> None:
+    runtime = make_runtime({"w": torch.zeros(1 << 25)}, config={"plugins": {"l2evict": {"x": 1}}})
+    report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
+    assert report.reclaimed_bytes == 0 and "unknown key" in report.reason
+    assert runtime.kv_allocator.reclaimed_bytes == 0
+
+
+def test_on_error_raise_restores_then_raises(
+    make_runtime: Callable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_allocator_stand_in(*_a: object, **_k: object) -> None:
+        raise RuntimeError("torch said no")
+
+    monkeypatch.setattr(WeightEviction, "__init__", broken_allocator_stand_in)
+    runtime = make_runtime(
+        {"w": torch.zeros(1 << 25)}, config={"plugins": {"l2evict": {"on_error": "raise"}}}
+    )
+    with pytest.raises(L2EvictError, match=r"on_error = 'raise'.*torch said no"):
+        plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)
+    assert flare_l2evict.active_installation() is None
+    assert runtime.kv_allocator.reclaimed_bytes == 0
+
+
+def test_install_line_names_tensor_device_and_bytes(
+    make_runtime: Callable, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = make_runtime({"model.layers.0.w": torch.zeros(1 << 25)})
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert "'model.layers.0.w'" in line and "on cpu" in line and "335,544,320 bytes" in line

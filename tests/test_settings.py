@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flare_l2evict import ConfigError, L2EvictSettings, load_deployment_config
+from flare_l2evict import settings_from_config as settings
+
+
+def section(**keys: object) -> dict:
+    return {"plugins": {"l2evict": keys}}
+
+
+def test_defaults_when_the_section_is_absent() -> None:
+    assert settings({}) == L2EvictSettings()
+    assert settings({"plugins": {"other": {"x": 1}}}).enabled is True
+    assert settings(None).window == "stock"
+    assert settings({}).on_error == "fallback"
+
+
+def test_switch_off_without_uninstalling() -> None:
+    assert settings(section(enabled=False)).enabled is False
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (1 << 20, 1 << 20),
+        ("256MiB", 256 << 20),
+        ("1 GiB", 1 << 30),
+        ("4096", 4096),
+        ("stock", "stock"),
+    ],
+)
+def test_window_forms(given: object, expected: object) -> None:
+    assert settings(section(window=given)).window == expected
+
+
+def test_unknown_key_names_the_key_and_the_allowed_ones() -> None:
+    with pytest.raises(ConfigError) as caught:
+        settings(section(windw=5))
+    message = str(caught.value)
+    assert "plugins.l2evict.windw: unknown key" in message
+    assert "enabled, window, exclude, on_error" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("bad", [-5, 0, 1.5, "lots", True, None])
+def test_bad_window_is_rejected_with_the_allowed_values(bad: object) -> None:
+    with pytest.raises(ConfigError) as caught:
+        settings(section(window=bad))
+    message = str(caught.value)
+    assert message.startswith("plugins.l2evict.window = ")
+    assert "positive whole number of bytes" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "hint"),
+    [
+        ("enabled", "yes", "true or false"),
+        ("on_error", "ignore", "'fallback'"),
+        ("exclude", "*.embed*", "list of tensor-name glob patterns"),
+        ("exclude", [""], "list of tensor-name glob patterns"),
+    ],
+)
+def test_bad_values_name_key_and_allowed(key: str, value: object, hint: str) -> None:
+    with pytest.raises(ConfigError, match=rf"plugins\.l2evict\.{key} = .*{hint}"):
+        settings(section(**{key: value}))
+
+
+def test_section_must_be_a_table() -> None:
+    with pytest.raises(ConfigError, match="must be a table"):
+        settings({"plugins": {"l2evict": "on"}})
+
+
+def test_toml_yaml_json_give_the_same_settings(tmp_path: Path) -> None:
+    (tmp_path / "d.toml").write_text(
+        '[plugins.l2evict]\nwindow = "128MiB"\nexclude = ["*.embed_tokens.*"]\n'
+    )
+    (tmp_path / "d.yaml").write_text(
+        "plugins:\n  l2evict:\n    window: 128MiB\n    exclude: ['*.embed_tokens.*']\n"
+    )
+    (tmp_path / "d.json").write_text(
+        json.dumps({"plugins": {"l2evict": {"window": "128MiB", "exclude": ["*.embed_tokens.*"]}}})
+    )
+    loaded = [
+        settings(load_deployment_config(tmp_path / f"d.{s}")) for s in ("toml", "yaml", "json")
+    ]
+    assert loaded[0] == loaded[1] == loaded[2]
+    assert loaded[0].window == 128 << 20
+    assert loaded[0].exclude == ("*.embed_tokens.*",)
+
+
+def test_yaml_builds_no_objects(tmp_path: Path) -> None:
+    path = tmp_path / "evil.yaml"
+    path.write_text("plugins: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="cannot parse yaml"):
+        load_deployment_config(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "match"),
+    [
+        ("bad.toml", "[plugins.l2evict\n", "cannot parse toml"),
+        ("bad.json", "{", "cannot parse json"),
+        ("bad.ini", "x", "unknown config format"),
+        ("list.json", "[1, 2]", "top level must be a table"),
+    ],
+)
+def test_unreadable_configs(tmp_path: Path, name: str, text: str, match: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_deployment_config(path)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_deployment_config(tmp_path / "absent.toml")
