@@ -49,7 +49,7 @@ class L2EvictStartup:
             if not settings.enabled:
                 reason = "disabled by config (plugins.l2evict.enabled = false)"
             else:
-                fields, local = self._install(runtime, device, settings)
+                local = self._install(runtime, device, settings, fields)
         except Exception as caught:
             self._restore()
             error = caught
@@ -97,18 +97,15 @@ class L2EvictStartup:
         return report
 
     def _install(
-        self, runtime: Any, device: torch.device, settings: L2EvictSettings
-    ) -> tuple[dict[str, Any], int]:
+        self, runtime: Any, device: torch.device, settings: L2EvictSettings, fields: dict[str, Any]
+    ) -> int:
+        """Install and return this rank's reclaimed bytes; ``fields`` gathers the report's."""
         l2 = getattr(runtime, "l2_cache_bytes", None)
         l2 = device_l2_bytes(device) if l2 is None else int(l2)
         race_jobs = int(getattr(runtime, "race_jobs", 0))
         stock = stock_buffer_bytes(l2)
         window = stock_window_bytes(l2) if settings.window == "stock" else int(settings.window)
-        fields: dict[str, Any] = {
-            "window_bytes": window,
-            "stock_buffer_bytes": stock,
-            "race_jobs": race_jobs,
-        }
+        fields.update(window_bytes=window, stock_buffer_bytes=stock, race_jobs=race_jobs)
         choice = choose_source(runtime.resident_tensors(), device, window, settings.exclude)
         eviction = WeightEviction(choice)
         self.installation = install(eviction)
@@ -121,7 +118,7 @@ class L2EvictStartup:
         )
         # Each race job would have allocated one stock buffer; the plugin's own
         # 0-d output is not subtracted because stock allocates one per job too.
-        return fields, race_jobs * stock
+        return race_jobs * stock
 
     def _restore(self) -> None:
         if self.installation is not None:

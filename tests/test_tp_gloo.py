@@ -1,0 +1,84 @@
+"""Tensor-parallel agreement over real torch.distributed (gloo), one process per rank."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+from tp_scenarios import worker
+
+MiB = 1 << 20
+STOCK = 64 * MiB  # max(2 x 16 MiB, 64 MiB)
+SCENARIOS = ["ok", "no_storage", "config_differs", "raises", "raises_raise", "fewer_jobs"]
+
+
+def run_ranks(world_size: int, tmp_path: Path) -> list[dict]:
+    mp.start_processes(
+        worker,
+        args=(world_size, str(tmp_path / "store"), str(tmp_path), SCENARIOS),
+        nprocs=world_size,
+        join=True,
+        start_method="spawn",
+    )
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
+def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return run_ranks(request.param, tmp_path_factory.mktemp(f"tp{request.param}"))
+
+
+def reports(ranks: list[dict], scenario: str) -> list[dict]:
+    return [r[scenario]["report"] for r in ranks if "report" in r[scenario]]
+
+
+def test_all_ranks_succeed_and_agree(ranks: list[dict]) -> None:
+    got = reports(ranks, "ok")
+    assert len(got) == len(ranks)
+    assert {r["reclaimed_bytes"] for r in got} == {5 * STOCK}
+    assert [r["rank"] for r in got] == list(range(len(ranks)))
+    assert all(r["source_tensor"].endswith(f"rank{r['rank']}") for r in got)
+    assert {rank["ok"]["credited"] for rank in ranks} == {5 * STOCK}
+
+
+def test_one_rank_without_storage_makes_everyone_report_zero(ranks: list[dict]) -> None:
+    got = reports(ranks, "no_storage")
+    assert {r["reclaimed_bytes"] for r in got} == {0}
+    for r in got:
+        assert list(r["fallback_ranks"]) == ["1"]
+        assert "covers the" in r["fallback_ranks"]["1"]
+        assert r["mechanism"] == "none"  # nobody reads weights if nobody is credited
+    assert got[0]["local_reclaimed_bytes"] == 5 * STOCK
+    assert "rank 1" in got[0]["reason"]
+
+
+def test_differing_settings_are_detected_not_averaged(ranks: list[dict]) -> None:
+    got = reports(ranks, "config_differs")
+    assert {r["reclaimed_bytes"] for r in got} == {0}
+    last = len(ranks) - 1
+    for r in got:
+        assert "plugin settings differ across ranks" in r["reason"]
+        assert f"rank {last}" in r["reason"] and "100663296" in r["reason"]
+
+
+def test_a_rank_that_raises_inside_the_hook_does_not_deadlock(ranks: list[dict]) -> None:
+    got = reports(ranks, "raises")
+    assert len(got) == len(ranks)
+    assert {r["reclaimed_bytes"] for r in got} == {0}
+    assert all("host lost its checkpoint" in r["fallback_ranks"]["1"] for r in got)
+
+
+def test_on_error_raise_raises_on_that_rank_after_agreeing(ranks: list[dict]) -> None:
+    assert "host lost its checkpoint" in ranks[1]["raises_raise"]["raised"]
+    others = [r["raises_raise"]["report"] for i, r in enumerate(ranks) if i != 1]
+    assert {r["reclaimed_bytes"] for r in others} == {0}
+
+
+def test_the_minimum_wins(ranks: list[dict]) -> None:
+    got = reports(ranks, "fewer_jobs")
+    assert {r["reclaimed_bytes"] for r in got} == {3 * STOCK}
+    assert got[0]["local_reclaimed_bytes"] == 5 * STOCK
+    assert got[1]["local_reclaimed_bytes"] == 3 * STOCK
+    assert got[0]["mechanism"] == "stock-seam"

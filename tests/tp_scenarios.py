@@ -1,0 +1,86 @@
+"""Rank bodies for the gloo tests: real processes, real torch.distributed, real pluggy.
+
+Imported by spawned children (multiprocessing passes the parent's sys.path).
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+MiB = 1 << 20
+
+
+class RaisingRuntimeStandIn:
+    """A host runtime whose resident_tensors() blows up, as a broken host would."""
+
+    def __init__(self, base: object) -> None:
+        self.__dict__.update(base.__dict__)
+
+    def resident_tensors(self) -> object:
+        raise RuntimeError("host lost its checkpoint")
+
+
+def _runtime(scenario: str, rank: int, world_size: int) -> object:
+    from flare_l2evict.reference_host import ReferenceKVAllocator, ReferenceRuntime
+
+    # Each rank holds its own shard: a 64 MiB expert block per rank.
+    tensors = {f"model.layers.3.mlp.experts.w13_weight.rank{rank}": torch.zeros(16 * MiB)}
+    config: dict = {}
+    race_jobs = 5
+    if scenario == "no_storage" and rank == 1:
+        tensors = {"model.norm.weight": torch.zeros(16)}
+    if scenario == "config_differs" and rank == world_size - 1:
+        config = {"plugins": {"l2evict": {"window": "96MiB"}}}
+    if scenario == "fewer_jobs" and rank == 1:
+        race_jobs = 3
+    if scenario == "raises_raise":
+        config = {"plugins": {"l2evict": {"on_error": "raise"}}}
+    runtime = ReferenceRuntime(
+        device=torch.device("cpu"),
+        config=config,
+        kv_allocator=ReferenceKVAllocator(1024),
+        race_jobs=race_jobs,
+        l2_cache_bytes=16 * MiB,
+        tensors=tensors,
+        rank=rank,
+        world_size=world_size,
+        process_group=dist.group.WORLD,
+    )
+    if scenario.startswith("raises") and rank == 1:
+        return RaisingRuntimeStandIn(runtime)
+    return runtime
+
+
+def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str]) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=60),
+    )
+    from flare_l2evict.reference_host import plugin_manager
+
+    pm = plugin_manager(["l2evict"])
+    results = {}
+    for scenario in scenarios:
+        runtime = _runtime(scenario, rank, world_size)
+        try:
+            (report,) = pm.hook.before_first_capture(runtime=runtime)
+            results[scenario] = {
+                "report": report.model_dump(mode="json"),
+                "credited": runtime.kv_allocator.reclaimed_bytes,
+            }
+        except Exception as error:
+            results[scenario] = {"raised": f"{type(error).__name__}: {error}"}
+            results[scenario]["trace"] = traceback.format_exc(limit=2)
+        pm.hook.startup_complete(runtime=runtime)
+        dist.barrier()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
