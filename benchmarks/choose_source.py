@@ -2,7 +2,10 @@
 
 DeepSeek-class shape: per layer, 256 experts x 3 projections x (weight, scale)
 as views of one fused storage per layer, plus attention and norm tensors with
-their own storages. Tensors are tiny; only the count and the sharing matter.
+their own storages, and one larger expert block. The last row drops that block,
+so the largest storages are the 66 equal-size fused blocks with 1,536 views
+each: the worst case for naming and tie-breaking. Tensors are tiny; only the
+count and the sharing matter.
 Prints figures; asserts nothing about time.
 
     python benchmarks/choose_source.py
@@ -19,7 +22,7 @@ import torch
 from flare_l2evict import choose_source
 
 
-def synthetic(count: int) -> dict[str, torch.Tensor]:
+def synthetic(count: int, *, fused_largest: bool = False) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     layer = 0
     while len(tensors) < count:
@@ -37,25 +40,29 @@ def synthetic(count: int) -> dict[str, torch.Tensor]:
         layer += 1
     names = list(tensors)[:count]
     chosen = {name: tensors[name] for name in names}
-    chosen["model.layers.3.mlp.experts.w13_weight"] = torch.empty(1 << 20)  # the big one
+    if not fused_largest:
+        chosen["model.layers.3.mlp.experts.w13_weight"] = torch.empty(1 << 20)  # the big one
     return chosen
 
 
 def main() -> None:
     print(f"CPU: {platform.processor() or platform.machine()}, torch {torch.__version__}")
     rows = []
-    for count in (1_000, 10_000, 100_000):
-        tensors = synthetic(count)
+    cases = [(n, False) for n in (1_000, 10_000, 100_000)] + [(100_000, True)]
+    for count, fused in cases:
+        tensors = synthetic(count, fused_largest=fused)
+        window = 4096 if fused else 1 << 21
         times = []
         for _ in range(7):
             start = time.perf_counter()
-            choice = choose_source(tensors, "cpu", window_bytes=1 << 21)
+            choice = choose_source(tensors, "cpu", window_bytes=window)
             times.append(time.perf_counter() - start)
         values = list(tensors.values())
         start = time.perf_counter()
         list(map(id, values))
         floor = time.perf_counter() - start
-        rows.append((len(tensors), statistics.median(times), min(times), floor, choice.name))
+        name = choice.name + (" (largest = 66 equal fused blocks)" if fused else "")
+        rows.append((len(tensors), statistics.median(times), min(times), floor, name))
     print()
     print(f"{'tensors':>8}  {'median ms':>9}  {'best ms':>8}  {'map(id) ms':>10}  choice")
     for count, median, best, floor, name in rows:

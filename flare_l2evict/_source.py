@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -13,11 +13,12 @@ from ._errors import SourceError
 
 _storage_of = torch.Tensor.untyped_storage
 _storage_nbytes = torch.UntypedStorage.nbytes
+_storage_pointer = torch.UntypedStorage.data_ptr
 
 
 @dataclass(frozen=True)
 class SourceStorage:
-    """One storage the eviction reads, named by its largest tensor view."""
+    """One storage the eviction reads, named by the first of its tensors' names."""
 
     name: str
     storage: torch.UntypedStorage
@@ -134,29 +135,58 @@ def choose_source(
             and storage.data_ptr() not in excluded
         )
 
-    chosen: list[SourceStorage] = []
-    seen: set[int] = set()
+    def identities(views: list[int]) -> list[Hashable]:
+        return list(map(_storage_pointer, [storages[j] for j in views]))
+
+    picked, total = largest_first(names, sizes, identities, eligible, window_bytes)
+    if total < window_bytes:
+        raise SourceError(_shortfall(names, storages, sizes, device, window_bytes, excluded))
+    chosen = (SourceStorage(name, storages[i], sizes[i]) for i, name in picked)  # type: ignore[arg-type]
+    return SourceChoice(tuple(chosen), window_bytes, device)
+
+
+def largest_first(
+    names: Sequence[str],
+    sizes: list[int],
+    identities: Callable[[list[int]], list[Hashable]],
+    eligible: Callable[[int], bool],
+    window_bytes: int,
+) -> tuple[list[tuple[int, str]], int]:
+    """Distinct eligible storages, largest first, until ``window_bytes`` is covered.
+
+    ``sizes[i]`` is the size of the storage behind tensor ``i``;
+    ``identities(indices)`` names those tensors' storages (equal values, one
+    storage); ``eligible(i)`` says whether tensor ``i``'s storage may be read
+    (a property of the storage, so any of its tensors answers). Each storage
+    is named by the first of its tensors' names in sort order, and ties in
+    size go to that name, so the same checkpoint gives the same answer.
+    Returns ``(index, name)`` pairs and their total bytes, which is below the
+    window only when every eligible storage was taken. Shared by the start-up
+    choice and the offline plan, so the two agree.
+    """
+    picked: list[tuple[int, str]] = []
+    seen: set[Hashable] = set()
     total = 0
     same_size = _SameSize(sizes)
-    # Largest first until the window is covered; usually the first one does.
+    # Usually the first size covers the window and the loop ends there.
     for size in sorted(set(sizes), reverse=True):
         if size == 0 or total >= window_bytes:
             break
         views = same_size(size)
-        for i in sorted(views, key=names.__getitem__):
-            pointer = storages[i].data_ptr() if eligible(i) else None  # type: ignore[union-attr]
-            if pointer is None or pointer in seen:
+        first: dict[Hashable, int] = {}  # storage -> index of its first name
+        for j, identity in zip(views, identities(views), strict=True):
+            k = first.get(identity)
+            if k is None or names[j] < names[k]:
+                first[identity] = j
+        for identity, i in sorted(first.items(), key=lambda item: names[item[1]]):
+            if identity in seen or not eligible(i):
                 continue
-            seen.add(pointer)
-            # Name it by the first name among the views of this very storage.
-            name = min(names[j] for j in views if storages[j].data_ptr() == pointer)  # type: ignore[union-attr]
-            chosen.append(SourceStorage(name, storages[i], size))  # type: ignore[arg-type]
+            seen.add(identity)
+            picked.append((i, names[i]))
             total += size
             if total >= window_bytes:
                 break
-    if total < window_bytes:
-        raise SourceError(_shortfall(names, storages, sizes, device, window_bytes, excluded))
-    return SourceChoice(tuple(chosen), window_bytes, device)
+    return picked, total
 
 
 class _SameSize:
