@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 import torch
 
 from ._errors import L2EvictError
+from ._headers import read_checkpoint
+from ._plan import make_plan, shard_of, split_evenly
 from ._settings import load_deployment_config, settings_from_config
 from ._window import stock_buffer_bytes, stock_window_bytes
 from .reference_host import (
@@ -111,6 +114,32 @@ def _parser() -> argparse.ArgumentParser:
     startup.add_argument("--device", type=_device, default=torch.device("cpu"))
     _add_profile_flags(startup)
     startup.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    plan = commands.add_parser(
+        "plan",
+        help="read safetensors headers only and show, per rank, what the plugin would reclaim",
+    )
+    plan.add_argument(
+        "checkpoint",
+        nargs="+",
+        type=Path,
+        help=".safetensors files and/or a model.safetensors.index.json",
+    )
+    plan.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree")
+    plan.add_argument(
+        "--per-rank",
+        action="store_true",
+        help="each CHECKPOINT is one rank's pre-sharded file or index, in rank order",
+    )
+    plan.add_argument(
+        "--split-dim",
+        type=int,
+        default=0,
+        help="for an unsharded checkpoint: the dim split evenly across ranks (default 0)",
+    )
+    plan.add_argument("--config", type=Path, help="deployment config (.toml, .yaml, .json)")
+    _add_profile_flags(plan)
+    plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 
 
@@ -178,11 +207,83 @@ def _startup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
+    settings = settings_from_config(config)
+    profile = _profile(args)
+    started = time.perf_counter()
+    if args.per_rank:
+        if len(args.checkpoint) != args.tp:
+            raise L2EvictError(
+                f"--per-rank needs one checkpoint per rank: got {len(args.checkpoint)} for "
+                f"--tp {args.tp}; fix: pass exactly {args.tp} files or indexes in rank order"
+            )
+        headers = [read_checkpoint([path]) for path in args.checkpoint]
+        shards = [shard_of(tensors) for tensors in headers]
+        estimate = None
+    else:
+        headers = [read_checkpoint(args.checkpoint)]
+        shards, estimate = split_evenly(headers[0], args.tp, args.split_dim)
+        if args.tp == 1:
+            estimate = None
+    plan = make_plan(
+        shards,
+        settings,
+        tensors=sum(map(len, headers)),
+        files=len({t.file for tensors in headers for t in tensors}),
+        l2_cache_bytes=profile.l2_cache_bytes,
+        race_jobs=profile.race_jobs,
+        kv_bytes_per_token=args.kv_bytes_per_token,
+        estimate=estimate,
+    )
+    elapsed = time.perf_counter() - started
+    if args.json:
+        print(json.dumps({**plan.as_dict(), "seconds": round(elapsed, 4)}, indent=2))
+        return 0
+    print(
+        f"flare-l2evict plan: {plan.tensors:,} tensors in {plan.files:,} files; TP{args.tp}; "
+        f"profile {profile.name} (L2 {_size(profile.l2_cache_bytes)}, "
+        f"{profile.race_jobs} race jobs); {args.kv_bytes_per_token} bytes per KV token"
+    )
+    if plan.estimate:
+        print(plan.estimate)
+    rows = [("rank", "tensor", "storage", "window", "reclaimed", "KV tokens gained")]
+    for r in plan.ranks:
+        shown = r.tensor or f"- ({r.reason})"
+        if len(r.sources) > 1:
+            shown += f" +{len(r.sources) - 1} more"
+        rows.append(
+            (
+                str(r.rank),
+                shown,
+                _size(r.storage_bytes) if r.storage_bytes else "-",
+                _size(r.window_bytes),
+                f"{r.reclaimed_bytes:,}",
+                f"{r.kv_tokens_gained:,}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    print()
+    for row in rows:
+        print(
+            "  ".join(
+                cell.ljust(w) if i < 2 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    print()
+    print(
+        f"agreed across ranks (minimum): {plan.agreed_reclaimed_bytes:,} bytes = "
+        f"{plan.agreed_kv_tokens_gained:,} KV tokens per rank; headers read in {elapsed:.2f} s"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     try:
-        return {"startup": _startup}[args.command](args)
+        return {"startup": _startup, "plan": _plan}[args.command](args)
     except L2EvictError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ KV allocator that sizes the cache from what the plugins report.
 """
 
 from ._checkpoint import load_checkpoint
-from ._example import example_tensors, write_example_checkpoint
+from ._example import example_tensors, write_example_checkpoint, write_sparse_index
 from ._host import (
     ReferenceHost,
     ReferenceKVAllocator,
@@ -32,4 +32,5 @@ __all__ = [
     "load_checkpoint",
     "plugin_manager",
     "write_example_checkpoint",
+    "write_sparse_index",
 ]

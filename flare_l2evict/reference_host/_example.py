@@ -54,3 +54,79 @@ def write_example_checkpoint(directory: str | Path, window_bytes: int) -> Path:
     path = Path(directory) / "model.safetensors"
     save_file(example_tensors(window_bytes), str(path), metadata={"format": "pt"})
     return path
+
+
+def _deepseek_class_tensors(layers: int, experts: int) -> list[tuple[str, str, tuple[int, ...]]]:
+    hidden, inter, vocab, q_rank, kv_rank = 7168, 2048, 129280, 1536, 512
+    tensors: list[tuple[str, str, tuple[int, ...]]] = [
+        ("model.embed_tokens.weight", "BF16", (vocab, hidden)),
+        ("model.norm.weight", "BF16", (hidden,)),
+        ("lm_head.weight", "BF16", (vocab, hidden)),
+    ]
+    for layer in range(layers):
+        p = f"model.layers.{layer}"
+        tensors += [
+            (f"{p}.input_layernorm.weight", "BF16", (hidden,)),
+            (f"{p}.post_attention_layernorm.weight", "BF16", (hidden,)),
+            (f"{p}.self_attn.q_a_proj.weight", "F8_E4M3", (q_rank, hidden)),
+            (f"{p}.self_attn.q_b_proj.weight", "F8_E4M3", (128 * 192, q_rank)),
+            (f"{p}.self_attn.kv_a_proj_with_mqa.weight", "F8_E4M3", (kv_rank + 64, hidden)),
+            (f"{p}.self_attn.kv_b_proj.weight", "F8_E4M3", (128 * 256, kv_rank)),
+            (f"{p}.self_attn.o_proj.weight", "F8_E4M3", (hidden, 128 * 128)),
+        ]
+        if layer < 3:
+            for proj, shape in (("gate_proj", (18432, hidden)), ("down_proj", (hidden, 18432))):
+                tensors.append((f"{p}.mlp.{proj}.weight", "F8_E4M3", shape))
+            continue
+        tensors.append((f"{p}.mlp.gate.weight", "BF16", (experts, hidden)))
+        for e in range(experts):
+            for proj, (rows, cols) in (
+                ("gate_proj", (inter, hidden)),
+                ("up_proj", (inter, hidden)),
+                ("down_proj", (hidden, inter)),
+            ):
+                name = f"{p}.mlp.experts.{e}.{proj}"
+                tensors.append((f"{name}.weight", "F8_E4M3", (rows, cols)))
+                tensors.append((f"{name}.weight_scale_inv", "F32", (rows // 128, cols // 128)))
+    return tensors
+
+
+def write_sparse_index(
+    directory: str | Path, *, files: int = 160, layers: int = 61, experts: int = 256
+) -> Path:
+    """A DeepSeek-class sharded checkpoint whose data are holes: headers are real.
+
+    Writes ``files`` safetensors files (valid headers, data regions left as
+    sparse holes, so ~700 GB of weights take no disk) and their
+    ``model.safetensors.index.json``. The defaults give about 90,000 tensors.
+    """
+    import json
+    import math
+
+    widths = {"BF16": 2, "F8_E4M3": 1, "F32": 4}
+    directory = Path(directory)
+    tensors = _deepseek_class_tensors(layers, experts)
+    per_file = math.ceil(len(tensors) / files)
+    weight_map: dict[str, str] = {}
+    for index in range(files):
+        chunk = tensors[index * per_file : (index + 1) * per_file]
+        name = f"model-{index + 1:05d}-of-{files:05d}.safetensors"
+        header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for tensor, dtype, shape in chunk:
+            nbytes = math.prod(shape) * widths[dtype]
+            header[tensor] = {
+                "dtype": dtype,
+                "shape": list(shape),
+                "data_offsets": [offset, offset + nbytes],
+            }
+            offset += nbytes
+            weight_map[tensor] = name
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with (directory / name).open("wb") as handle:
+            handle.write(len(raw).to_bytes(8, "little") + raw)
+            handle.truncate(8 + len(raw) + offset)
+    index_path = directory / "model.safetensors.index.json"
+    index_path.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return index_path

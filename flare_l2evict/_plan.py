@@ -1,0 +1,161 @@
+"""Plan offline: what the plugin would read and reclaim on each rank, from headers alone."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, NamedTuple
+
+from ._headers import TensorHeader
+from ._settings import L2EvictSettings
+from ._source import _matches, largest_first
+from ._window import stock_buffer_bytes, stock_window_bytes
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's choice, as ``before_first_capture`` would make it."""
+
+    rank: int
+    tensor: str | None
+    storage_bytes: int
+    sources: tuple[str, ...]
+    window_bytes: int
+    reclaimed_bytes: int
+    kv_tokens_gained: int | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every rank's plan and the figure all ranks would agree on (the minimum)."""
+
+    ranks: tuple[RankPlan, ...]
+    agreed_reclaimed_bytes: int
+    agreed_kv_tokens_gained: int | None
+    tensors: int
+    files: int
+    estimate: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Shard(NamedTuple):
+    """One rank's tensors as the plan needs them: names and storage bytes."""
+
+    names: list[str]
+    sizes: list[int]
+
+
+def shard_of(tensors: Sequence[TensorHeader]) -> Shard:
+    """A pre-sharded rank's tensors, as they are."""
+    return Shard([t.name for t in tensors], [t.nbytes for t in tensors])
+
+
+def split_evenly(tensors: Sequence[TensorHeader], tp: int, dim: int) -> tuple[list[Shard], str]:
+    """Estimate each rank's shard of an unsharded checkpoint.
+
+    Rule: a tensor with more than ``dim`` dimensions whose size along ``dim``
+    divides by ``tp`` is split evenly along it; every other tensor is
+    replicated on every rank. Returns the shards and the rule in words.
+    """
+    sizes = [
+        t.nbytes // tp
+        if len(t.shape) > dim and t.shape[dim] and t.shape[dim] % tp == 0
+        else t.nbytes
+        for t in tensors
+    ]
+    # An even split gives every rank the same shard: one object serves them all.
+    shard = Shard([t.name for t in tensors], sizes)
+    rule = (
+        f"estimate: an unsharded checkpoint split evenly along dim {dim} where it divides by "
+        f"{tp}, replicated otherwise (--split-dim changes the dim; pass per-rank files with "
+        "--per-rank for exact figures)"
+    )
+    return [shard] * tp, rule
+
+
+def plan_rank(
+    rank: int,
+    shard: Shard,
+    settings: L2EvictSettings,
+    *,
+    l2_cache_bytes: int,
+    race_jobs: int,
+    kv_bytes_per_token: int | None,
+) -> RankPlan:
+    """The plugin's choice for one rank, with safetensors' one storage per tensor."""
+    window = (
+        stock_window_bytes(l2_cache_bytes) if settings.window == "stock" else int(settings.window)
+    )
+
+    def outcome(
+        reclaimed: int, reason: str | None, picked: Sequence[tuple[int, str]] = ()
+    ) -> RankPlan:
+        gained = None if kv_bytes_per_token is None else reclaimed // kv_bytes_per_token
+        return RankPlan(
+            rank=rank,
+            tensor=picked[0][1] if picked else None,
+            storage_bytes=sum(sizes[i] for i, _ in picked),
+            sources=tuple(name for _, name in picked),
+            window_bytes=window,
+            reclaimed_bytes=reclaimed,
+            kv_tokens_gained=gained,
+            reason=reason,
+        )
+
+    names, sizes = shard
+    if not settings.enabled:
+        return outcome(0, "disabled by config (plugins.l2evict.enabled = false)")
+    pattern = _matches(settings.exclude)
+
+    def eligible(i: int) -> bool:
+        return sizes[i] > 0 and (pattern is None or not pattern.match(names[i]))
+
+    picked, total = largest_first(names, sizes, list, eligible, window)
+    if total < window:
+        return outcome(
+            0,
+            f"no storage covers the {window:,}-byte eviction window "
+            f"({len(picked)} eligible storages hold {total:,} bytes)",
+        )
+    return outcome(race_jobs * stock_buffer_bytes(l2_cache_bytes), None, picked)
+
+
+def make_plan(
+    shards: Sequence[Shard],
+    settings: L2EvictSettings,
+    *,
+    tensors: int,
+    files: int,
+    l2_cache_bytes: int,
+    race_jobs: int,
+    kv_bytes_per_token: int | None,
+    estimate: str | None = None,
+) -> Plan:
+    """Plan every rank and agree on the minimum, as the plugin does at start-up."""
+    planned: dict[int, RankPlan] = {}  # identical shards (an even split) are planned once
+    ranks = []
+    for rank, shard in enumerate(shards):
+        if id(shard) not in planned:
+            planned[id(shard)] = plan_rank(
+                rank,
+                shard,
+                settings,
+                l2_cache_bytes=l2_cache_bytes,
+                race_jobs=race_jobs,
+                kv_bytes_per_token=kv_bytes_per_token,
+            )
+        ranks.append(replace(planned[id(shard)], rank=rank))
+    agreed = min(r.reclaimed_bytes for r in ranks)
+    return Plan(
+        ranks=tuple(ranks),
+        agreed_reclaimed_bytes=agreed,
+        agreed_kv_tokens_gained=None
+        if kv_bytes_per_token is None
+        else agreed // kv_bytes_per_token,
+        tensors=tensors,
+        files=files,
+        estimate=estimate,
+    )

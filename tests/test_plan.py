@@ -1,0 +1,147 @@
+"""``flare-l2evict plan``: headers only, per rank, agreeing with the start-up choice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from flare_l2evict._cli import main
+from flare_l2evict._headers import read_checkpoint
+from flare_l2evict.reference_host import PROFILES, ReferenceHost, write_sparse_index
+
+MiB = 1 << 20
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_and_startup_choose_the_same_tensor(
+    capsys: pytest.CaptureFixture[str], write_checkpoint, tmp_path: Path
+) -> None:
+    tensors = {
+        "model.embed_tokens.weight": torch.zeros(40 * MiB),  # largest, but excluded
+        "model.layers.1.mlp.experts.w13_weight": torch.zeros(20 * MiB),
+        "model.layers.0.mlp.experts.w13_weight": torch.zeros(20 * MiB),  # tie: sorts first
+        "model.norm.weight": torch.zeros(16),
+    }
+    path = write_checkpoint(tensors)
+    config = tmp_path / "deploy.toml"
+    config.write_text('[plugins.l2evict]\nexclude = ["*.embed_tokens.*"]\n')
+    plan = plan_json(capsys, str(path), "--config", str(config), "--profile", "h100")
+    (rank,) = plan["ranks"]
+    host = ReferenceHost(
+        plugins=["l2evict"],
+        config={"plugins": {"l2evict": {"exclude": ["*.embed_tokens.*"]}}},
+        profile=PROFILES["h100"],
+        kv_bytes_per_token=948,
+    )
+    report = host.start(path).report
+    assert report is not None
+    assert rank["tensor"] == report.source_tensor == "model.layers.0.mlp.experts.w13_weight"
+    # Neither 80 MiB block covers the 100 MiB window: both read, in the same order.
+    assert rank["sources"] == [s.tensor for s in report.sources]
+    assert rank["storage_bytes"] == report.source_storage_bytes == 160 * MiB
+    assert rank["reclaimed_bytes"] == report.reclaimed_bytes == 5 * 100 * MiB
+    assert rank["kv_tokens_gained"] == 5 * 100 * MiB // 948
+
+
+def test_per_rank_files_and_the_agreed_minimum(
+    capsys: pytest.CaptureFixture[str], write_checkpoint
+) -> None:
+    rank0 = write_checkpoint({"w.rank0": torch.zeros(32 * MiB)}, "rank0.safetensors")
+    rank1 = write_checkpoint({"w.rank1": torch.zeros(MiB)}, "rank1.safetensors")
+    plan = plan_json(capsys, str(rank0), str(rank1), "--tp", "2", "--per-rank", "--l2-mib", "16")
+    assert [r["tensor"] for r in plan["ranks"]] == ["w.rank0", None]
+    assert plan["ranks"][0]["reclaimed_bytes"] == 5 * 64 * MiB
+    assert "covers the" in plan["ranks"][1]["reason"]
+    assert plan["agreed_reclaimed_bytes"] == 0
+    assert plan["estimate"] is None
+
+
+def test_unsharded_split_is_an_estimate(
+    capsys: pytest.CaptureFixture[str], write_checkpoint
+) -> None:
+    path = write_checkpoint({"experts": torch.zeros(4, 32 * MiB), "odd": torch.zeros(3, 30 * MiB)})
+    plan = plan_json(capsys, str(path), "--tp", "4", "--l2-mib", "16")
+    assert plan["estimate"].startswith("estimate: an unsharded checkpoint split evenly along dim 0")
+    # "experts" splits to 128 MiB per rank; "odd" (3 rows) is replicated at 360 MiB.
+    assert {r["tensor"] for r in plan["ranks"]} == {"odd"}
+    assert {r["storage_bytes"] for r in plan["ranks"]} == {360 * MiB}
+
+
+def test_index_of_real_files(
+    capsys: pytest.CaptureFixture[str], write_checkpoint, tmp_path: Path
+) -> None:
+    write_checkpoint({"a": torch.zeros(20 * MiB)}, "model-1.safetensors")
+    write_checkpoint({"b": torch.zeros(30 * MiB)}, "model-2.safetensors")
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(
+        json.dumps({"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}})
+    )
+    plan = plan_json(capsys, str(index), "--l2-mib", "16")
+    assert plan["tensors"] == 2 and plan["files"] == 2
+    assert plan["ranks"][0]["tensor"] == "b"
+
+
+def test_sparse_index_headers_are_real_safetensors(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    index = write_sparse_index(tmp_path, files=3, layers=4, experts=2)
+    headers = read_checkpoint([index])
+    shard = tmp_path / json.loads(index.read_text())["weight_map"]["lm_head.weight"]
+    with safe_open(str(shard), framework="pt") as handle:
+        shape = handle.get_slice("lm_head.weight").get_shape()
+    (lm_head,) = [t for t in headers if t.name == "lm_head.weight"]
+    assert list(lm_head.shape) == shape == [129280, 7168]
+    assert lm_head.nbytes == 129280 * 7168 * 2
+
+
+@pytest.mark.parametrize(
+    "problem", ["missing_shard", "corrupt_header", "empty_index", "bad_offsets"]
+)
+def test_header_errors_are_one_line(
+    capsys: pytest.CaptureFixture[str], write_checkpoint, tmp_path: Path, problem: str
+) -> None:
+    shard = write_checkpoint({"a": torch.zeros(1000)}, "model-1.safetensors")
+    index = tmp_path / "model.safetensors.index.json"
+    weight_map = {"a": "model-1.safetensors"}
+    if problem == "missing_shard":
+        weight_map["b"] = "model-2.safetensors"
+    elif problem == "corrupt_header":
+        shard.write_bytes((10**12).to_bytes(8, "little") + b"{}")
+    elif problem == "empty_index":
+        weight_map = {}
+    elif problem == "bad_offsets":
+        data = shard.read_bytes()
+        shard.write_bytes(data[:-1000])
+    index.write_text(json.dumps({"weight_map": weight_map}))
+    assert main(["plan", str(index)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    expected = {
+        "missing_shard": "shard 'model-2.safetensors' named in the index is missing",
+        "corrupt_header": "corrupt safetensors header (declares 1,000,000,000,000 header bytes",
+        "empty_index": "the index names no tensors",
+        "bad_offsets": "corrupt safetensors header at 'a'",
+    }[problem]
+    assert expected in err
+
+
+def test_per_rank_needs_one_file_per_rank(
+    capsys: pytest.CaptureFixture[str], write_checkpoint
+) -> None:
+    path = write_checkpoint({"a": torch.zeros(10)})
+    assert main(["plan", str(path), "--tp", "2", "--per-rank"]) == 2
+    assert "--per-rank needs one checkpoint per rank: got 1 for --tp 2" in capsys.readouterr().err
+
+
+def test_table_output(capsys: pytest.CaptureFixture[str], write_checkpoint) -> None:
+    path = write_checkpoint({"w": torch.zeros(32 * MiB)})
+    assert main(["plan", str(path), "--l2-mib", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "rank  tensor" in out and "agreed across ranks (minimum): 335,544,320 bytes" in out
