@@ -37,6 +37,8 @@ GiB = 1 << 30
 def _size(value: int) -> str:
     if value % MiB == 0 and value < 16 * GiB:
         return f"{value // MiB:,} MiB"
+    if value < GiB:
+        return f"{value / MiB:,.1f} MiB"
     return f"{value / GiB:.2f} GiB"
 
 
@@ -152,6 +154,10 @@ def _eviction_cell(result: StartupResult) -> str:
     return f"{result.eviction_storage_bytes:,} B"
 
 
+def _winners(result: StartupResult) -> str:
+    return ",".join(map(str, result.race_winners)) or "-"
+
+
 def _table(header: str, before: StartupResult, after: StartupResult, label: str) -> str:
     measured = " (measured)" if after.eviction_measured else ""
     rows = [
@@ -162,11 +168,25 @@ def _table(header: str, before: StartupResult, after: StartupResult, label: str)
         ("KV tokens", f"{before.kv_tokens:,}", f"{after.kv_tokens:,}"),
         ("Reclaimed (report)", "-", f"{after.reclaimed_bytes:,} B"),
     ]
+    if after.eviction_measured:
+        rows += [
+            (
+                "Race peak (measured)",
+                _size(before.race_peak_bytes or 0),
+                _size(after.race_peak_bytes or 0),
+            ),
+            ("Race winners", _winners(before), _winners(after)),
+        ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [header, ""]
     lines += [f"{a:<{widths[0]}}   {b:>{widths[1]}}   {c:>{widths[2]}}" for a, b, c in rows]
     if after.report is not None:
         lines += ["", f"l2evict: {after.report.summary()}"]
+    if after.cute_guard_stand_in:
+        lines.append(
+            "note: the CuTe DSL is not installed, so b12x's no-compilation guard was a no-op "
+            "stand-in during the races (nothing raced here is CuTe)"
+        )
     return "\n".join(lines)
 
 

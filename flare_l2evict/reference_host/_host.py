@@ -67,7 +67,13 @@ class ReferenceRuntime:
 
 @dataclass(frozen=True)
 class StartupResult:
-    """One start-up's figures. ``eviction_measured``: read off the CUDA allocator."""
+    """One start-up's figures.
+
+    ``eviction_measured``: the eviction storage was read off the CUDA allocator
+    (else modelled from the profile). On CUDA, ``race_winners`` holds each race
+    job's winning candidate and ``race_peak_bytes`` the allocator's peak growth
+    across the jobs' real b12x races.
+    """
 
     plugins: tuple[str, ...]
     device: str
@@ -83,6 +89,9 @@ class StartupResult:
     kv_tokens: int
     report: ReclaimReport | None
     job_evictions: tuple[str, ...]
+    race_winners: tuple[int, ...] = ()
+    race_peak_bytes: int | None = None
+    cute_guard_stand_in: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "report"}
@@ -195,7 +204,7 @@ class ReferenceHost:
         results = self.pm.hook.before_first_capture(runtime=runtime)
         report = next((r for r in results if isinstance(r, ReclaimReport)), None)
         try:
-            storage, measured, evictions = self._start_race_jobs(l2)
+            jobs = self._start_race_jobs(l2)
         finally:
             self.events.append("startup_complete")
             self.pm.hook.startup_complete(runtime=runtime)
@@ -209,21 +218,25 @@ class ReferenceHost:
             race_jobs=self.profile.race_jobs,
             loaded_bytes=loaded,
             eviction_reserve_bytes=reserve,
-            eviction_storage_bytes=storage,
-            eviction_measured=measured,
+            eviction_storage_bytes=jobs.storage_bytes,
+            eviction_measured=jobs.measured,
             reclaimed_bytes=allocator.reclaimed_bytes,
             kv_budget_bytes=budget,
             kv_tokens=budget // self.kv_bytes_per_token,
             report=report,
-            job_evictions=evictions,
+            job_evictions=jobs.evictions,
+            race_winners=jobs.winners,
+            race_peak_bytes=jobs.peak_bytes,
+            cute_guard_stand_in=jobs.cute_guard_stand_in,
         )
 
-    def _start_race_jobs(self, l2: int) -> tuple[int, bool, tuple[str, ...]]:
-        """Create the race jobs' evictions the way ``PreparationJob._measure`` does.
+    def _start_race_jobs(self, l2: int) -> _RaceJobs:
+        """Start the race jobs the way ``PreparationJob._measure`` does, all alive at once.
 
-        All jobs are alive at once, as in a start-up. On CUDA the storage they
-        allocate is measured; on a CPU, stock's buffers cannot be made, so a job
-        that gets no eviction from the plugin is counted at stock's size.
+        Each job asks b12x's seam for its eviction and keeps it. On CUDA the
+        storage those evictions allocate is measured, and each job then runs a
+        real b12x race with it; on a CPU stock's buffers cannot be made, so a
+        job that gets no eviction from the plugin is counted at stock's size.
         """
         seam = _stock_seam()
         cuda = self.device.type == "cuda"
@@ -232,29 +245,47 @@ class ReferenceHost:
                 "b12x is not importable, so no race job can start on CUDA; "
                 "fix: pip install 'flashinfer-python>=0.7.2' (or b12x>=1.5)"
             )
-        jobs: list[object] = []
-        modelled = 0
-        if cuda:
-            torch.cuda.synchronize(self.device)
-            before = torch.cuda.memory_allocated(self.device)
+        if not cuda:
+            evictions: list[object] = []
+            for index in range(self.profile.race_jobs):
+                self.events.append(f"race job {index} starts")
+                eviction = None
+                if seam is not None and getattr(seam, "__flare_l2evict__", False):
+                    eviction = seam(self.device, enabled=True)
+                if _reads_weights(eviction):
+                    eviction()  # type: ignore[operator]
+                evictions.append(eviction)
+            modelled = sum(stock_buffer_bytes(l2) for e in evictions if not _reads_weights(e))
+            return _RaceJobs(modelled, False, tuple(map(repr, evictions)))
+        from ._races import cute_guard, gemm_candidates, run_race
+
+        torch.cuda.synchronize(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        evictions = []
         for index in range(self.profile.race_jobs):
             self.events.append(f"race job {index} starts")
-            eviction = None
-            if seam is not None and (cuda or getattr(seam, "__flare_l2evict__", False)):
-                eviction = seam(self.device, enabled=True)
-            if eviction is None or (not cuda and not _reads_weights(eviction)):
-                modelled += stock_buffer_bytes(l2)
-            else:
-                eviction()
-            jobs.append(eviction)
-        if cuda:
-            torch.cuda.synchronize(self.device)
-            storage = torch.cuda.memory_allocated(self.device) - before
-        else:
-            storage = modelled
-        names = tuple(repr(job) for job in jobs)
-        jobs.clear()
-        return storage, cuda, names
+            evictions.append(seam(self.device, enabled=True))  # type: ignore[misc]
+        torch.cuda.synchronize(self.device)
+        storage = torch.cuda.memory_allocated(self.device) - base
+        with cute_guard() as stand_in:
+            calls = gemm_candidates(self.device)
+            winners = tuple(run_race(calls, self.device, e).winner for e in evictions)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        names = tuple(map(repr, evictions))
+        evictions.clear()
+        return _RaceJobs(storage, True, names, winners, peak, stand_in)
+
+
+@dataclass(frozen=True)
+class _RaceJobs:
+    storage_bytes: int
+    measured: bool
+    evictions: tuple[str, ...]
+    winners: tuple[int, ...] = ()
+    peak_bytes: int | None = None
+    cute_guard_stand_in: bool = False
 
 
 def _reads_weights(eviction: object) -> bool:

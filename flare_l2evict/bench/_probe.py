@@ -1,0 +1,103 @@
+"""Time an L2-resident probe after an eviction, with the GPU kept busy while the host queues.
+
+A probe of a few microseconds is smaller than a kernel launch's host cost, so
+each batch starts with ``torch.cuda._sleep``: the host queues every
+(prepare, start, probe, end) sequence while the GPU sleeps, and the GPU then
+runs them back to back. Events bracket the probe alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+_BATCH = 16
+_SLEEP_CYCLES = 20_000_000  # ~10 ms at H100/H200 clocks: longer than queueing a batch
+
+
+@dataclass(frozen=True)
+class ProbeTimes:
+    """Probe latencies in microseconds for one condition."""
+
+    samples: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread(self) -> float:
+        """Half the interquartile range: the noise figure of this condition."""
+        q = statistics.quantiles(self.samples, n=4)
+        return (q[2] - q[0]) / 2
+
+
+class Probe:
+    """Sums a buffer of ``nbytes`` (sized to fit in L2) into a preallocated scalar."""
+
+    def __init__(self, nbytes: int, device: torch.device) -> None:
+        self.buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        self.out = torch.empty((), dtype=torch.float32, device=device)
+        self.nbytes = nbytes
+
+    def __call__(self) -> None:
+        torch.sum(self.buffer, dim=0, out=self.out)
+
+
+def time_after(
+    prepare: Callable[[], None],
+    probe: Callable[[], None],
+    *,
+    repetitions: int,
+    device: torch.device,
+) -> ProbeTimes:
+    """The probe's time right after ``prepare``, ``repetitions`` times."""
+    stream = torch.cuda.current_stream(device)
+    samples: list[float] = []
+    probe()  # first-touch and launch caches out of the way
+    torch.cuda.synchronize(device)
+    while len(samples) < repetitions:
+        count = min(_BATCH, repetitions - len(samples))
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(count)
+        ]
+        torch.cuda._sleep(_SLEEP_CYCLES)
+        for start, end in events:
+            prepare()
+            start.record(stream)
+            probe()
+            end.record(stream)
+        torch.cuda.synchronize(device)
+        samples.extend(start.elapsed_time(end) * 1000.0 for start, end in events)
+    return ProbeTimes(tuple(samples))
+
+
+def time_call(call: Callable[[], None], *, repetitions: int, device: torch.device) -> ProbeTimes:
+    """The time of ``call`` itself (e.g. one eviction), GPU kept busy the same way."""
+    return time_after(_nothing, call, repetitions=repetitions, device=device)
+
+
+def _nothing() -> None:
+    """No preparation."""
+
+
+def compare(
+    conditions: dict[str, Callable[[], None]],
+    probe: Callable[[], None],
+    *,
+    repetitions: int,
+    rounds: int,
+    device: torch.device,
+) -> dict[str, ProbeTimes]:
+    """The probe after each condition, interleaved over ``rounds`` to share any drift."""
+    samples: dict[str, list[float]] = {name: [] for name in conditions}
+    per_round = max(1, repetitions // rounds)
+    for _ in range(rounds):
+        for name, prepare in conditions.items():
+            timed = time_after(prepare, probe, repetitions=per_round, device=device)
+            samples[name].extend(timed.samples)
+    return {name: ProbeTimes(tuple(values)) for name, values in samples.items()}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole GPU suite, run on a CUDA machine from the repo root:
+#   bash scripts/gpu_suite.sh [--bench]
+# Wheels for what the machine lacks (b12x, pydantic, this package for its entry
+# point) are expected under .whl/ (see scripts/gpu_wheels.sh). Logs and figures
+# go to $OUT (default /tmp/flare-l2evict-gpu). Prints a short table last.
+set -uo pipefail
+OUT=${OUT:-/tmp/flare-l2evict-gpu}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH="$PWD:/tmp/site"
+fi
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, '| b12x', m.version('b12x'))" | tee -a "$OUT/gpu.txt"
+
+python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu-tests.log"
+tests=${PIPESTATUS[0]}
+python3 -m flare_l2evict startup --device cuda:0 --plugin l2evict --profile h200 2>&1 | tee "$OUT/startup.log"
+startup=${PIPESTATUS[0]}
+bench=0
+if [[ " $* " == *" --bench "* ]]; then
+    python3 -m flare_l2evict bench --device cuda:0 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+    bench=${PIPESTATUS[0]}
+fi
+
+echo
+echo "== GPU suite: $(head -1 "$OUT/gpu.txt")"
+grep -E "^(probe after|eviction storage|race peak|stock )" "$OUT/gpu-tests.log" || true
+tail -1 "$OUT/gpu-tests.log"
+grep -E "^(L2 eviction storage|KV tokens|Race)" "$OUT/startup.log" || true
+echo "exit codes: tests=$tests startup=$startup bench=$bench"
+exit $(( tests || startup || bench ))
