@@ -142,6 +142,18 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--config", type=Path, help="deployment config (.toml, .yaml, .json)")
     _add_profile_flags(plan)
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    bench = commands.add_parser(
+        "bench",
+        help="on a GPU: stock b12x eviction vs the plugin's (memory, efficacy, cost, races)",
+    )
+    bench.add_argument("--device", type=_device, default=torch.device("cuda", 0))
+    bench.add_argument(
+        "--out", type=Path, default=Path("bench-out"), help="bench.json, efficacy.png"
+    )
+    bench.add_argument("--repetitions", type=_positive, default=480, help="probe samples per point")
+    bench.add_argument("--races", type=_positive, default=20, help="races (at most 20)")
+    bench.add_argument("--json", action="store_true", help="print the full JSON instead of a table")
     return parser
 
 
@@ -299,11 +311,34 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    device: torch.device = args.device
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise L2EvictError(
+            f"bench needs a CUDA device (got --device {device}); fix: run it on a GPU machine"
+        )
+    from .bench._run import run_bench, summary_table
+
+    result = run_bench(
+        device,
+        args.out,
+        repetitions=args.repetitions,
+        races=args.races,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(f"full figures: {args.out / 'bench.json'}; plot: {result['plot'] or 'no matplotlib'}")
+        print(summary_table(result))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
     try:
-        return {"startup": _startup, "plan": _plan}[args.command](args)
+        return {"startup": _startup, "plan": _plan, "bench": _bench}[args.command](args)
     except L2EvictError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

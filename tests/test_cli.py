@@ -105,3 +105,10 @@ def test_python_dash_m_and_console_script() -> None:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stderr
         assert "startup" in done.stdout
+
+
+def test_bench_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, _, err = run(capsys, "bench")
+    assert code == 2 and "bench needs a CUDA device" in err and err.count("\n") == 1

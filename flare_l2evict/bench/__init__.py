@@ -1,8 +1,18 @@
-"""GPU measurements behind ``flare-l2evict bench`` and the GPU tests.
+"""Measurements behind ``flare-l2evict bench`` and the GPU tests.
 
 Figures only: nothing here asserts a timing.
 """
 
+from ._hook_cost import choice_times
 from ._probe import Probe, ProbeTimes, compare, time_after, time_call
+from ._synthetic import synthetic_checkpoint
 
-__all__ = ["Probe", "ProbeTimes", "compare", "time_after", "time_call"]
+__all__ = [
+    "Probe",
+    "ProbeTimes",
+    "choice_times",
+    "compare",
+    "synthetic_checkpoint",
+    "time_after",
+    "time_call",
+]
