@@ -1,7 +1,8 @@
-"""Which read of a 2 x L2 window gets closest to the HBM floor? (GPU; prints figures.)
+"""Which read of a 2 x L2 window is cheapest and evicts best? (GPU; prints figures.)
 
 Compares torch reductions of different shapes and dtypes, and a plain Triton
-read kernel, against a 1 GiB read measured in the same run.
+read kernel: time per call against a 1 GiB read measured in the same run, and
+the coldness of L2-resident probes (1/8 and 1/2 of L2) right after each.
 
     python benchmarks/eviction_kernels.py
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from flare_l2evict.bench import time_call
+from flare_l2evict.bench import Probe, compare, time_call
 
 
 def main() -> None:
@@ -27,7 +28,7 @@ def main() -> None:
     weights = torch.ones(window // 4 * 4, dtype=torch.float32, device=device)
     tail = weights[-(window // 4) :]
     variants = {}
-    for rows in (132, 1024, 8192, 32768, 131072):
+    for rows in (1024, 8192, 131072):
         out = torch.empty(rows, dtype=torch.float32, device=device)
         view = tail.view(rows, -1)
         variants[f"sum fp32 rows={rows}"] = lambda v=view, o=out: torch.sum(v, dim=1, out=o)
@@ -38,7 +39,10 @@ def main() -> None:
     out_int = torch.empty(8192, dtype=torch.int32, device=device)
     variants["amax int32 rows=8192"] = lambda: torch.amax(ints, dim=1, out=out_int)
     one = torch.empty((), dtype=torch.float32, device=device)
-    variants["sum fp32 to 0-d (stock)"] = lambda: torch.sum(tail, dim=0, out=one)
+    variants["sum fp32 to 0-d, weights"] = lambda: torch.sum(tail, dim=0, out=one)
+    from b12x.preparation._measurement import _l2_flush_fn
+
+    variants["b12x stock _l2_flush_fn"] = _l2_flush_fn(device, enabled=True)
     try:
         variants.update(_triton_variants(tail))
     except Exception as error:  # Triton is optional here
@@ -48,9 +52,24 @@ def main() -> None:
         f"window {window / 2**20:.0f} MiB, HBM read {floor_bw / 1e12:.2f} TB/s, "
         f"floor {floor_us:.1f} us"
     )
+    probes = {f: Probe(int(l2 * f) // 4 * 4, device) for f in (0.125, 0.5)}
+    sink = torch.empty(8192, dtype=torch.float32, device=device)
+
+    def cold() -> None:
+        torch.sum(big.view(8192, -1), dim=1, out=sink)
+
+    coldness = {}
+    for probe in probes.values():
+        conditions = {"warm": probe, "cold": cold, **variants}
+        times = compare(conditions, probe, repetitions=480, rounds=8, device=device)
+        warm, hot = times["warm"].trimmed_mean, times["cold"].trimmed_mean
+        for name in variants:
+            coldness.setdefault(name, []).append((times[name].trimmed_mean - warm) / (hot - warm))
+    print(f"{'variant':28s} {'us':>7}  {'x floor':>7}  coldness 1/8 L2, 1/2 L2")
     for name, call in variants.items():
         t = time_call(call, repetitions=256, device=device)
-        print(f"{name:28s} {t.median:7.1f} us  {t.median / floor_us:5.2f} x floor")
+        shown = ", ".join(f"{c:.3f}" for c in coldness[name])
+        print(f"{name:28s} {t.median:7.1f}  {t.median / floor_us:7.2f}  {shown}")
 
 
 def _triton_variants(tail: torch.Tensor) -> dict[str, object]:
