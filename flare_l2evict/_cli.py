@@ -159,8 +159,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _eviction_cell(result: StartupResult) -> str:
     stock = stock_buffer_bytes(result.l2_cache_bytes)
+    if result.reclaimed_bytes and result.eviction_storage_bytes < stock:
+        return f"{result.eviction_storage_bytes:,} B (reads weights)"
     if result.eviction_storage_bytes == 0:
-        return "0 (reads weights)" if result.reclaimed_bytes else "0"
+        return "0"
     if result.eviction_storage_bytes == result.race_jobs * stock:
         return f"{result.race_jobs} x {_size(stock)}"
     return f"{result.eviction_storage_bytes:,} B"

@@ -16,6 +16,13 @@ _ELEMENT = 4  # bytes of float32, the dtype stock b12x reduces over
 # partial sums in a temporary it allocates on every call (3 KiB measured on an
 # H200); reducing each of this many rows into a preallocated vector does not.
 _ROWS = 8192
+_BLOCK = 512  # allocation granularity of torch's CUDA caching allocator
+
+OWN_BYTES = -(-_ROWS * _ELEMENT // _BLOCK) * _BLOCK + _BLOCK
+"""Device bytes one eviction allocates for its outputs (rounded up to allocator blocks).
+
+The reclaimed figure subtracts them, so it stays a lower bound of the saving.
+"""
 
 
 class WeightEviction:

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 from ._headers import TensorHeader
 from ._settings import L2EvictSettings
 from ._source import _matches, largest_first
-from ._window import stock_buffer_bytes, stock_window_bytes
+from ._window import reclaimable_bytes, stock_window_bytes
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def plan_rank(
             f"no storage covers the {window:,}-byte eviction window "
             f"({len(picked)} eligible storages hold {total:,} bytes)",
         )
-    return outcome(race_jobs * stock_buffer_bytes(l2_cache_bytes), None, picked)
+    return outcome(reclaimable_bytes(race_jobs, l2_cache_bytes), None, picked)
 
 
 def make_plan(

@@ -8,13 +8,18 @@ from typing import Any
 import torch
 
 from ._agree import RankOutcome, agree, settings_digest
-from ._errors import L2EvictError
+from ._errors import L2EvictError, SourceError
 from ._eviction import WeightEviction
 from ._install import Installation, install
 from ._report import ReclaimReport, SourceRead
 from ._settings import L2EvictSettings, settings_from_config
 from ._source import choose_source
-from ._window import device_l2_bytes, stock_buffer_bytes, stock_window_bytes
+from ._window import (
+    device_l2_bytes,
+    reclaimable_bytes,
+    stock_buffer_bytes,
+    stock_window_bytes,
+)
 
 log = logging.getLogger("flare_l2evict")
 
@@ -116,9 +121,13 @@ class L2EvictStartup:
                 SourceRead(tensor=s.name, storage_bytes=s.nbytes) for s in choice.storages
             ),
         )
-        # Each race job would have allocated one stock buffer; the plugin's own
-        # 0-d output is not subtracted because stock allocates one per job too.
-        return race_jobs * stock
+        reclaimed = reclaimable_bytes(race_jobs, l2)
+        if reclaimed == 0:
+            raise SourceError(
+                f"nothing to reclaim: the host runs {race_jobs} race jobs; fix: pass "
+                "runtime.race_jobs, the b12x race jobs this process holds at once"
+            )
+        return reclaimed
 
     def _restore(self) -> None:
         if self.installation is not None:

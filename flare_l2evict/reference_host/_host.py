@@ -20,6 +20,7 @@ import pluggy
 import torch
 
 from .._errors import L2EvictError, PluginNotFoundError
+from .._eviction import OWN_BYTES
 from .._report import ReclaimReport
 from .._window import stock_buffer_bytes
 from ..hookspec import ENTRY_POINT_GROUP, PROJECT_NAME, FlareStartupSpec
@@ -200,11 +201,16 @@ class ReferenceHost:
             world_size=self.world_size,
             process_group=self.process_group,
         )
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            hook_base = torch.cuda.memory_allocated(self.device)
         self.events.append("before_first_capture")
         results = self.pm.hook.before_first_capture(runtime=runtime)
         report = next((r for r in results if isinstance(r, ReclaimReport)), None)
+        # What the plugins themselves allocate counts as eviction storage too.
+        hook_bytes = torch.cuda.memory_allocated(self.device) - hook_base if cuda else 0
         try:
-            jobs = self._start_race_jobs(l2)
+            jobs = self._start_race_jobs(l2, hook_bytes)
         finally:
             self.events.append("startup_complete")
             self.pm.hook.startup_complete(runtime=runtime)
@@ -230,13 +236,15 @@ class ReferenceHost:
             cute_guard_stand_in=jobs.cute_guard_stand_in,
         )
 
-    def _start_race_jobs(self, l2: int) -> _RaceJobs:
+    def _start_race_jobs(self, l2: int, hook_bytes: int) -> _RaceJobs:
         """Start the race jobs the way ``PreparationJob._measure`` does, all alive at once.
 
         Each job asks b12x's seam for its eviction and keeps it. On CUDA the
-        storage those evictions allocate is measured, and each job then runs a
-        real b12x race with it; on a CPU stock's buffers cannot be made, so a
-        job that gets no eviction from the plugin is counted at stock's size.
+        storage those evictions allocate is measured (plus ``hook_bytes``, what
+        the plugins allocated in the hook), and each job then runs a real b12x
+        race with it; on a CPU stock's buffers cannot be made, so a job that
+        gets no eviction from the plugin is counted at stock's size, and the
+        plugin's eviction at its own outputs' size.
         """
         seam = _stock_seam()
         cuda = self.device.type == "cuda"
@@ -256,6 +264,8 @@ class ReferenceHost:
                     eviction()  # type: ignore[operator]
                 evictions.append(eviction)
             modelled = sum(stock_buffer_bytes(l2) for e in evictions if not _reads_weights(e))
+            if any(map(_reads_weights, evictions)):
+                modelled += OWN_BYTES  # the plugin's own outputs, once per process
             return _RaceJobs(modelled, False, tuple(map(repr, evictions)))
         from ._races import cute_guard, gemm_candidates, run_race
 
@@ -270,11 +280,11 @@ class ReferenceHost:
             self.events.append(f"race job {index} starts")
             evictions.append(seam(self.device, enabled=True))  # type: ignore[misc]
         torch.cuda.synchronize(self.device)
-        storage = torch.cuda.memory_allocated(self.device) - base
+        storage = torch.cuda.memory_allocated(self.device) - base + hook_bytes
         with cute_guard() as stand_in:
             winners = tuple(run_race(calls, self.device, e).winner for e in evictions)
         torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - base
+        peak = torch.cuda.max_memory_allocated(self.device) - base + hook_bytes
         names = tuple(map(repr, evictions))
         evictions.clear()
         return _RaceJobs(storage, True, names, winners, peak, stand_in)
