@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 from ._headers import TensorHeader
 from ._settings import L2EvictSettings
 from ._source import _matches, largest_first
-from ._window import reclaimable_bytes, stock_window_bytes
+from ._window import reclaimable_bytes
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,7 @@ def plan_rank(
     kv_bytes_per_token: int | None,
 ) -> RankPlan:
     """The plugin's choice for one rank, with safetensors' one storage per tensor."""
-    window = (
-        stock_window_bytes(l2_cache_bytes) if settings.window == "stock" else int(settings.window)
-    )
+    window = settings.window_bytes(l2_cache_bytes)
 
     def outcome(
         reclaimed: int, reason: str | None, picked: Sequence[tuple[int, str]] = ()

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_validator
 
 from ._errors import ConfigError
+from ._window import stock_window_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,6 +65,10 @@ class L2EvictSettings(BaseModel):
     window: int | Literal["stock"] = "stock"
     exclude: tuple[str, ...] = ()
     on_error: Literal["fallback", "raise"] = "fallback"
+
+    def window_bytes(self, l2_cache_bytes: int) -> int:
+        """The bytes each eviction reads on a device with this L2 size."""
+        return stock_window_bytes(l2_cache_bytes) if self.window == "stock" else int(self.window)
 
     @field_validator("window", mode="before")
     @classmethod

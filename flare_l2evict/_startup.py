@@ -14,12 +14,7 @@ from ._install import Installation, install
 from ._report import ReclaimReport, SourceRead
 from ._settings import L2EvictSettings, settings_from_config
 from ._source import choose_source
-from ._window import (
-    device_l2_bytes,
-    reclaimable_bytes,
-    stock_buffer_bytes,
-    stock_window_bytes,
-)
+from ._window import device_l2_bytes, reclaimable_bytes, stock_buffer_bytes
 
 log = logging.getLogger("flare_l2evict")
 
@@ -109,7 +104,7 @@ class L2EvictStartup:
         l2 = device_l2_bytes(device) if l2 is None else int(l2)
         race_jobs = int(getattr(runtime, "race_jobs", 0))
         stock = stock_buffer_bytes(l2)
-        window = stock_window_bytes(l2) if settings.window == "stock" else int(settings.window)
+        window = settings.window_bytes(l2)
         fields.update(window_bytes=window, stock_buffer_bytes=stock, race_jobs=race_jobs)
         choice = choose_source(runtime.resident_tensors(), device, window, settings.exclude)
         eviction = WeightEviction(choice)

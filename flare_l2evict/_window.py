@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ._eviction import OWN_BYTES
+
 _FLOOR_BYTES = 64 << 20
 
 
@@ -33,8 +35,6 @@ def reclaimable_bytes(race_jobs: int, l2_cache_bytes: int) -> int:
     subtracted. Stock's per-job 0-d output and per-call staging are saved too
     but not counted, so the figure is a lower bound of the real saving.
     """
-    from ._eviction import OWN_BYTES
-
     return max(0, race_jobs * stock_buffer_bytes(l2_cache_bytes) - OWN_BYTES)
 
 

@@ -25,6 +25,7 @@ from ._hook_cost import choice_times
 from ._probe import Probe, ProbeTimes, compare, time_call
 
 MiB = 1 << 20
+_GIB = 1 << 30
 WINDOW_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 3.0, 4.0)
 PROBE_FRACTIONS = (0.125, 0.5, 0.8)
 
@@ -73,11 +74,7 @@ def _efficacy(
     rounds: int,
     log: Any,
 ) -> dict[str, Any]:
-    unrelated = torch.ones(1 << 28, dtype=torch.float32, device=device)  # 1 GiB
-    sink = torch.empty(8192, dtype=torch.float32, device=device)
-
-    def cold() -> None:
-        torch.sum(unrelated.view(8192, -1), dim=1, out=sink)
+    cold = _gib_read(device)
 
     curves: dict[str, Any] = {}
     for fraction in PROBE_FRACTIONS:
@@ -289,13 +286,18 @@ def run_bench(
 
 def _hbm_read_bandwidth(device: torch.device) -> float:
     """Bytes per second of a 1 GiB read, reduced row-wise as the plugin reads."""
-    big = torch.ones(1 << 28, dtype=torch.float32, device=device)
-    partial = torch.empty(8192, dtype=torch.float32, device=device)
+    return _GIB / (time_call(_gib_read(device), repetitions=64, device=device).median * 1e-6)
+
+
+def _gib_read(device: torch.device) -> Callable[[], None]:
+    """A read of 1 GiB of unrelated memory, reduced row-wise as the plugin reads."""
+    unrelated = torch.ones(_GIB // 4, dtype=torch.float32, device=device)
+    sink = torch.empty(8192, dtype=torch.float32, device=device)
 
     def read() -> None:
-        torch.sum(big.view(8192, -1), dim=1, out=partial)
+        torch.sum(unrelated.view(8192, -1), dim=1, out=sink)
 
-    return big.numel() * 4 / (time_call(read, repetitions=64, device=device).median * 1e-6)
+    return read
 
 
 def _has_dist(name: str) -> bool:
