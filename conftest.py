@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flare_l2evict
-from flare_l2evict.reference_host import ReferenceKVAllocator, ReferenceRuntime
+from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime
 
 MiB = 1 << 20
 

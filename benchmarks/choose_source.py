@@ -1,6 +1,6 @@
 """Time the source choice on synthetic checkpoints of 1k, 10k and 100k tensors (CPU).
 
-See ``flare_l2evict.bench._synthetic`` for the checkpoint's shape. Prints
+See ``flare_l2evict.tools.bench._synthetic`` for the checkpoint's shape. Prints
 figures; asserts nothing about time.
 
     python benchmarks/choose_source.py
@@ -12,7 +12,7 @@ import platform
 
 import torch
 
-from flare_l2evict.bench import choice_times
+from flare_l2evict.tools.bench import choice_times
 
 
 def main() -> None:

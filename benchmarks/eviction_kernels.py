@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from flare_l2evict.bench import Probe, compare, time_call
+from flare_l2evict.tools.bench import Probe, compare, time_call
 
 
 def main() -> None:

@@ -12,8 +12,8 @@ import sys
 import tempfile
 import time
 
-from flare_l2evict._cli import main as cli
-from flare_l2evict.reference_host import write_sparse_index
+from flare_l2evict.tools._cli import main as cli
+from flare_l2evict.tools.reference_host import write_sparse_index
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 import flare_l2evict
 from flare_l2evict import hookimpl
-from flare_l2evict.reference_host import PROFILES, ReferenceHost, write_example_checkpoint
+from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_example_checkpoint
 
 
 class StorageDeviceCheck:

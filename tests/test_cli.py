@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flare_l2evict._cli import main
+from flare_l2evict.tools._cli import main
 
 MiB = 1 << 20
 

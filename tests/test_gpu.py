@@ -17,8 +17,8 @@ import torch
 
 import flare_l2evict
 from flare_l2evict import WeightEviction, choose_source, install, stock_window_bytes
-from flare_l2evict.bench import Probe, compare
-from flare_l2evict.reference_host import PROFILES, ReferenceHost, example_tensors
+from flare_l2evict.tools.bench import Probe, compare
+from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, example_tensors
 
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20
@@ -50,7 +50,7 @@ def weights(device: torch.device) -> Iterator[torch.Tensor]:
 
 @pytest.fixture
 def cute_guard_stand_in() -> Iterator[bool]:
-    from flare_l2evict.reference_host._races import cute_guard
+    from flare_l2evict.tools.reference_host._races import cute_guard
 
     with cute_guard() as replaced:
         yield replaced
@@ -127,7 +127,7 @@ def test_eviction_allocates_nothing(device, l2, weights) -> None:
 
 
 def test_race_picks_the_same_winner(device, measurement, l2, weights, cute_guard_stand_in) -> None:
-    from flare_l2evict.reference_host._races import gemm_candidates, run_race
+    from flare_l2evict.tools.reference_host._races import gemm_candidates, run_race
 
     calls = gemm_candidates(device)
     stock = run_race(calls, device, measurement._l2_flush_fn(device, enabled=True))
@@ -140,7 +140,7 @@ def test_race_picks_the_same_winner(device, measurement, l2, weights, cute_guard
 def test_prepare_race_steps_uses_the_installed_eviction(
     device, measurement, l2, weights, cute_guard_stand_in
 ) -> None:
-    from flare_l2evict.reference_host._races import gemm_candidates, run_race
+    from flare_l2evict.tools.reference_host._races import gemm_candidates, run_race
 
     plugin = ours(weights, l2)
     install(plugin)
@@ -179,8 +179,8 @@ def test_freed_storage_falls_back_to_stock_and_logs(
 def test_storage_on_another_gpu_falls_back(device) -> None:
     if torch.cuda.device_count() < 2:
         pytest.skip("needs a second GPU")
-    from flare_l2evict.reference_host import plugin_manager
-    from flare_l2evict.reference_host._host import ReferenceKVAllocator, ReferenceRuntime
+    from flare_l2evict.tools.reference_host import plugin_manager
+    from flare_l2evict.tools.reference_host._host import ReferenceKVAllocator, ReferenceRuntime
 
     runtime = ReferenceRuntime(
         device=device,

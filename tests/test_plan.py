@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flare_l2evict._cli import main
-from flare_l2evict._headers import read_checkpoint
-from flare_l2evict.reference_host import PROFILES, ReferenceHost, write_sparse_index
+from flare_l2evict.tools._cli import main
+from flare_l2evict.tools._headers import read_checkpoint
+from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_sparse_index
 
 MiB = 1 << 20
 

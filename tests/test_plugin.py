@@ -13,7 +13,7 @@ import torch
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, PluginNotFoundError, WeightEviction
-from flare_l2evict.reference_host import (
+from flare_l2evict.tools.reference_host import (
     PROFILES,
     ReferenceHost,
     example_tensors,

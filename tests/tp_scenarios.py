@@ -27,7 +27,7 @@ class RaisingRuntimeStandIn:
 
 
 def _runtime(scenario: str, rank: int, world_size: int) -> object:
-    from flare_l2evict.reference_host import ReferenceKVAllocator, ReferenceRuntime
+    from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime
 
     # Each rank holds its own shard: a 64 MiB expert block per rank.
     tensors = {f"model.layers.3.mlp.experts.w13_weight.rank{rank}": torch.zeros(16 * MiB)}
@@ -65,7 +65,7 @@ def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str
         world_size=world_size,
         timeout=timedelta(seconds=60),
     )
-    from flare_l2evict.reference_host import plugin_manager
+    from flare_l2evict.tools.reference_host import plugin_manager
 
     pm = plugin_manager(["l2evict"])
     results = {}

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from ._errors import CheckpointError
+from .._errors import CheckpointError
 
 _MAX_HEADER = 100 << 20  # safetensors' own limit
 _DTYPE_BYTES = {

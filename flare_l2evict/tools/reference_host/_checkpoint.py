@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from .._errors import CheckpointError
+from ..._errors import CheckpointError
 
 
 def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, torch.Tensor]:

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from .._eviction import WeightEviction
-from .._install import install, restore
-from .._source import choose_source
-from .._window import stock_window_bytes
+from ..._eviction import WeightEviction
+from ..._install import install, restore
+from ..._source import choose_source
+from ..._window import stock_window_bytes
 from ._hook_cost import choice_times
 from ._probe import Probe, ProbeTimes, compare, time_call
 

@@ -6,7 +6,7 @@ import statistics
 import time
 from typing import Any
 
-from .._source import choose_source
+from ..._source import choose_source
 from ._synthetic import synthetic_checkpoint
 
 

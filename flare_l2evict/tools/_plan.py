@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
 from ._headers import TensorHeader
-from ._settings import L2EvictSettings
-from ._source import _matches, largest_first
-from ._window import reclaimable_bytes
+from .._settings import L2EvictSettings
+from .._source import _matches, largest_first
+from .._window import reclaimable_bytes
 
 
 @dataclass(frozen=True)

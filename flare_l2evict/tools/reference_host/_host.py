@@ -19,15 +19,15 @@ from typing import Any
 import pluggy
 import torch
 
-from .._errors import L2EvictError, PluginNotFoundError
-from .._eviction import OWN_BYTES
-from .._report import ReclaimReport
-from .._window import stock_buffer_bytes
-from ..hookspec import ENTRY_POINT_GROUP, PROJECT_NAME, FlareStartupSpec
+from ..._errors import L2EvictError, PluginNotFoundError
+from ..._eviction import OWN_BYTES
+from ..._report import ReclaimReport
+from ..._window import stock_buffer_bytes
+from ...hookspec import ENTRY_POINT_GROUP, PROJECT_NAME, FlareStartupSpec
 from ._checkpoint import load_checkpoint
 from ._profiles import DeviceProfile
 
-log = logging.getLogger("flare_l2evict.reference_host")
+log = logging.getLogger("flare_l2evict.tools.reference_host")
 
 
 class ReferenceKVAllocator:
@@ -301,6 +301,6 @@ class _RaceJobs:
 
 
 def _reads_weights(eviction: object) -> bool:
-    from .._eviction import WeightEviction
+    from ..._eviction import WeightEviction
 
     return isinstance(eviction, WeightEviction)

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from ._errors import L2EvictError
+from .._errors import L2EvictError
 from ._headers import read_checkpoint
 from ._plan import make_plan, shard_of, split_evenly
-from ._settings import load_deployment_config, settings_from_config
-from ._window import stock_buffer_bytes, stock_window_bytes
+from .._settings import load_deployment_config, settings_from_config
+from .._window import stock_buffer_bytes, stock_window_bytes
 from .reference_host import (
     DEFAULT_KV_BYTES_PER_TOKEN,
     DEFAULT_PROFILE,
