@@ -29,7 +29,7 @@ def _stock_b12x_after_each_test() -> Iterator[None]:
     yield
     from flare_l2evict import plugin
 
-    plugin._STARTUP.finish()
+    plugin.finish()
     flare_l2evict.restore()
 
 

@@ -29,3 +29,7 @@ class InstallError(L2EvictError):
 
 class SourceError(L2EvictError):
     """No resident storage on the device can serve as the eviction source."""
+
+
+class RuntimeContractError(L2EvictError):
+    """The host's ``runtime`` lacks an attribute of the contract, or holds one out of range."""

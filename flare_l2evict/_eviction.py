@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -18,11 +18,29 @@ _ELEMENT = 4  # bytes of float32, the dtype stock b12x reduces over
 _ROWS = 8192
 _BLOCK = 512  # allocation granularity of torch's CUDA caching allocator
 
-OWN_BYTES = -(-_ROWS * _ELEMENT // _BLOCK) * _BLOCK + _BLOCK
+EVICTION_OWN_BYTES = -(-_ROWS * _ELEMENT // _BLOCK) * _BLOCK + _BLOCK
 """Device bytes one eviction allocates for its outputs (rounded up to allocator blocks).
 
-The reclaimed figure subtracts them, so it stays a lower bound of the saving.
+The credit subtracts them (once per process), so it stays a lower bound of the saving.
 """
+OWN_BYTES = EVICTION_OWN_BYTES
+
+
+def read_bytes_for(storage_bytes: Sequence[int], window_bytes: int) -> int:
+    """Bytes a :class:`WeightEviction` reads from storages of these sizes, largest first.
+
+    Whole float32 words from the tail of each storage until ``window_bytes``
+    (rounded down to whole words) is covered; the offline plan uses it too.
+    """
+    remaining = window_bytes // _ELEMENT
+    read = 0
+    for nbytes in storage_bytes:
+        if remaining <= 0:
+            break
+        count = min(nbytes // _ELEMENT, remaining)
+        read += count
+        remaining -= count
+    return read * _ELEMENT
 
 
 class WeightEviction:
@@ -78,6 +96,10 @@ class WeightEviction:
             self._needed.append((source.storage, elements * _ELEMENT))
             remaining -= count
         self.read_bytes = sum(v.numel() for v in self._views) * _ELEMENT
+
+    def views(self) -> tuple[torch.Tensor, ...]:
+        """The 1-d float32 views read, one per storage, largest first (empty once released)."""
+        return tuple(self._views)
 
     @property
     def released(self) -> bool:

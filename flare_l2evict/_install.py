@@ -1,159 +1,247 @@
-"""Install a :class:`WeightEviction` into b12x's start-up races, and take it out again."""
+"""Install a :class:`WeightEviction` into b12x's start-up races, and take it out again.
+
+This module is the one owner of what the package changes in b12x: at most one
+:class:`Installation` per process, found with :func:`active_installation` and
+undone with :meth:`Installation.restore` (or :func:`restore`).
+"""
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
-from ._errors import InstallError
 from ._eviction import WeightEviction
-from ._source import _same_device
+from ._report import DeviceAudit, SourceRead, StartupAudit
+from ._seam import MARK, SEAM_FUNCTION, Flush, SeamFunction, SeamProof, fork_function
+from ._source import SourceChoice, _same_device
 
 log = logging.getLogger("flare_l2evict.install")
 
 Mechanism = Literal["fork", "stock-seam"]
 
-FORK_MODULE = "b12x.comm.pcie"
-FORK_FUNCTION = "use_startup_eviction"
-SEAM_MODULE = "b12x.preparation._measurement"
-SEAM_FUNCTION = "_l2_flush_fn"
-_MARK = "__flare_l2evict__"
-_FIX = "fix: pip install 'flashinfer-python>=0.7.2' (or b12x>=1.5)"
-
 
 @dataclass
-class Installation:
-    """An eviction in b12x's races. :meth:`restore` puts stock behaviour back."""
+class _Counts:
+    requested: int = 0
+    served: int = 0
+    stock_buffers: int = 0
+    stock_bytes: int = 0
 
-    mechanism: Mechanism
-    eviction: WeightEviction
-    _undo: Callable[[], None] = field(repr=False)
-    _restored: bool = field(default=False, repr=False)
+
+class Installation:
+    """Weights read in b12x's races on one device; :meth:`restore` puts stock back.
+
+    Public surface: :attr:`mechanism`, :attr:`device`, :attr:`source_name`,
+    :attr:`sources`, :attr:`read_bytes`, :attr:`window_bytes`, :meth:`views` (what is
+    read),
+    :attr:`credited_bytes` (set by the start-up once the credit is known),
+    :meth:`audit` and :meth:`restore`.
+    """
+
+    def __init__(
+        self,
+        mechanism: Mechanism,
+        eviction: WeightEviction,
+        stock_buffer_bytes: int,
+        undo: list[Callable[[], None]],
+        counts: dict[str, _Counts],
+        sources: tuple[SourceRead, ...],
+    ) -> None:
+        self.mechanism: Mechanism = mechanism
+        self.device = eviction.device
+        self.source_name = eviction.source_name
+        self.sources = sources
+        self.read_bytes = eviction.read_bytes
+        self.window_bytes = eviction.window_bytes
+        self.stock_buffer_bytes = stock_buffer_bytes
+        self.credited_bytes = 0
+        self._eviction = eviction
+        self._undo = undo
+        self._counts = counts
+        self.restored = False
+
+    def views(self) -> tuple[torch.Tensor, ...]:
+        """The 1-d float32 views the eviction reads (empty once restored)."""
+        return self._eviction.views()
+
+    @property
+    def eviction(self) -> Callable[[], None]:
+        """The callable the races run before each sample (for benches and tests)."""
+        return self._eviction
+
+    def audit(self) -> StartupAudit:
+        """What b12x asked of the seam so far, per device, and the credit it cost."""
+        key = str(self.device)
+        devices = tuple(
+            DeviceAudit(
+                device=device,
+                requested=c.requested,
+                served_by_weights=c.served,
+                stock_buffers=c.stock_buffers,
+                stock_bytes=c.stock_bytes,
+            )
+            for device, c in sorted(self._counts.items())
+        )
+        made = self._counts[key].stock_bytes if key in self._counts else 0
+        return StartupAudit(
+            mechanism=self.mechanism,
+            device=key,
+            credited_bytes=self.credited_bytes,
+            counted=self.mechanism != "fork",
+            devices=devices,
+            shortfall_bytes=min(made, self.credited_bytes),
+        )
 
     def restore(self) -> None:
         """Stock b12x again, and no reference to the weights. Idempotent."""
-        if not self._restored:
-            self._restored = True
-            try:
-                self._undo()
-            finally:
-                self.eviction.release()
-                if _ACTIVE.get("installation") is self:
-                    _ACTIVE.clear()
+        global _ACTIVE
+        if self.restored:
+            return
+        self.restored = True
+        try:
+            for undo in reversed(self._undo):
+                undo()
+        finally:
+            self._eviction.release()
+            if _ACTIVE is self:
+                _ACTIVE = None
+
+    def __repr__(self) -> str:
+        state = "restored" if self.restored else f"reads {self.read_bytes:,} bytes"
+        return f"Installation({self.mechanism}, {self.source_name!r} on {self.device}, {state})"
 
 
-_ACTIVE: dict[str, Installation] = {}
+_ACTIVE: Installation | None = None
 
 
 def active_installation() -> Installation | None:
     """The installation in force in this process, if any."""
-    return _ACTIVE.get("installation")
-
-
-def _fork_function() -> Callable[..., Any] | None:
-    try:
-        module = importlib.import_module(FORK_MODULE)
-    except Exception:  # stock b12x may not even ship comm.pcie on every build
-        return None
-    function = getattr(module, FORK_FUNCTION, None)
-    return function if callable(function) else None
-
-
-def _seam() -> tuple[Any, Callable[..., Any]]:
-    try:
-        module = importlib.import_module(SEAM_MODULE)
-    except ImportError as error:
-        raise InstallError(f"b12x is not importable ({error}); {_FIX}") from None
-    original = getattr(module, SEAM_FUNCTION, None)
-    if original is None or not callable(original):
-        raise InstallError(
-            f"{SEAM_MODULE}.{SEAM_FUNCTION} is missing: this b12x is not one whose race "
-            f"eviction the plugin knows; {_FIX}"
-        )
-    original = getattr(original, "__wrapped__", original) if hasattr(original, _MARK) else original
-    try:
-        parameters = list(inspect.signature(original).parameters.values())
-    except (TypeError, ValueError):
-        parameters = []
-    shape = [(p.name, p.kind) for p in parameters]
-    expected = [
-        ("device", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        ("enabled", inspect.Parameter.KEYWORD_ONLY),
-    ]
-    if shape != expected:
-        raise InstallError(
-            f"{SEAM_MODULE}.{SEAM_FUNCTION} has signature {shape!r}, not (device, *, enabled): "
-            f"this b12x changed its race eviction; {_FIX}, or pin flare-l2evict to a release "
-            "that knows this b12x"
-        )
-    return module, original
-
-
-def _stock_factory(device: torch.device) -> Callable[[], Callable[[], None] | None]:
-    def make() -> Callable[[], None] | None:
-        if device.type != "cuda":
-            return None
-        _, original = _seam()
-        return original(device, enabled=True)
-
-    return make
-
-
-def install(eviction: WeightEviction) -> Installation:
-    """Make b12x's race jobs on ``eviction.device`` read the weights.
-
-    Tried in order: the fork's ``b12x.comm.pcie.use_startup_eviction(tensor)``
-    (restored with ``use_startup_eviction(None)``), then stock b12x's seam
-    ``b12x.preparation._measurement._l2_flush_fn``, which ``PreparationJob``
-    and ``prepare_race_steps`` look up at call time: the replacement returns
-    ``eviction`` for enabled calls on ``eviction.device`` and defers to the
-    original everywhere else. The seam's shape is checked before anything is
-    changed; on a mismatch b12x is left untouched and :class:`InstallError`
-    says why. While an installation is active, installing again returns it.
-    """
-    current = _ACTIVE.get("installation")
-    if current is not None:
-        return current
-    fork = _fork_function()
-    if fork is not None:
-        views = eviction._views  # the tensors the fork reads instead of its buffer
-        fork(views[0] if len(views) == 1 else tuple(views))
-
-        def undo_fork() -> None:
-            fork(None)
-
-        installation = Installation("fork", eviction, undo_fork)
-    else:
-        module, original = _seam()
-        target = eviction.device
-        eviction._fallback_factory = _stock_factory(target)
-
-        def _l2_flush_fn(device: object, *, enabled: bool) -> Callable[[], None] | None:
-            if enabled and not eviction.released and _same_device(torch.device(device), target):  # type: ignore[arg-type]
-                return eviction
-            return original(device, enabled=enabled)
-
-        setattr(_l2_flush_fn, _MARK, True)
-        _l2_flush_fn.__wrapped__ = original  # type: ignore[attr-defined]
-        setattr(module, SEAM_FUNCTION, _l2_flush_fn)
-
-        def undo_seam() -> None:
-            if getattr(module, SEAM_FUNCTION, None) is _l2_flush_fn:
-                setattr(module, SEAM_FUNCTION, original)
-
-        installation = Installation("stock-seam", eviction, undo_seam)
-    _ACTIVE["installation"] = installation
-    return installation
+    return _ACTIVE
 
 
 def restore() -> None:
     """Put stock b12x back and release the weights, whatever is installed. Idempotent."""
-    current = _ACTIVE.get("installation")
-    if current is not None:
-        current.restore()
+    if _ACTIVE is not None:
+        _ACTIVE.restore()
+
+
+def _device_key(device: object) -> str:
+    try:
+        found = torch.device(device)  # type: ignore[call-overload]
+    except (RuntimeError, TypeError, ValueError):
+        return repr(device)
+    if found.type == "cuda" and found.index is None and torch.cuda.is_available():
+        found = torch.device("cuda", torch.cuda.current_device())
+    return str(found)
+
+
+def _counted_stock(
+    original: SeamFunction, counts: dict[str, _Counts], modelled_bytes: int
+) -> Callable[[object], Flush | None]:
+    """Stock's eviction for ``device``, counted as a stock buffer with the bytes it took."""
+
+    def make(device: object) -> Flush | None:
+        target = torch.device(device)  # type: ignore[call-overload]
+        if target.type != "cuda":
+            # No buffer can be made off CUDA; count what a GPU would have allocated.
+            made, grown = None, modelled_bytes
+        else:
+            before = torch.cuda.memory_allocated(target)
+            made = original(target, enabled=True)
+            grown = torch.cuda.memory_allocated(target) - before
+        entry = counts.setdefault(_device_key(device), _Counts())
+        entry.stock_buffers += 1
+        entry.stock_bytes += max(0, grown)
+        return made
+
+    return make
+
+
+def install(
+    choice: SourceChoice, proof: SeamProof | None, stock_buffer_bytes: int
+) -> Installation:
+    """Make b12x's race jobs on ``choice.device`` read the chosen weights.
+
+    Tried in order: the fork's ``b12x.comm.pcie.use_startup_eviction``
+    (restored with ``use_startup_eviction(None)``), then stock b12x's seam as
+    ``proof`` found it: every seam module's ``_l2_flush_fn`` and every other
+    binding of it is replaced by one function that returns the eviction for
+    enabled calls on ``choice.device`` and defers to the original elsewhere.
+    Every enabled call is counted for :meth:`Installation.audit`, and every
+    stock buffer made instead (other devices, or after the weights went away)
+    with the bytes it allocated. While an installation is active, installing
+    again returns it unchanged. Raises ``ValueError`` when there is no fork
+    and no ``proof``.
+    """
+    global _ACTIVE
+    if _ACTIVE is not None:
+        return _ACTIVE
+    counts: dict[str, _Counts] = {}
+    fork = fork_function()
+    if fork is None and proof is None:
+        raise ValueError("install() needs a SeamProof when the fork's API is absent")
+    stock = None if proof is None else _counted_stock(proof.original, counts, stock_buffer_bytes)
+    eviction = WeightEviction(
+        choice, fallback=None if stock is None else (lambda: stock(choice.device))
+    )
+    sources = tuple(SourceRead(tensor=s.name, storage_bytes=s.nbytes) for s in choice.storages)
+    undo: list[Callable[[], None]] = []
+    if fork is not None:
+        views = eviction.views()
+        fork(views[0] if len(views) == 1 else views)
+        undo.append(lambda: fork(None))
+        _ACTIVE = Installation("fork", eviction, stock_buffer_bytes, undo, counts, sources)
+        return _ACTIVE
+    assert proof is not None and stock is not None
+    target = eviction.device
+    home = counts.setdefault(_device_key(target), _Counts())
+    replacements: dict[int, SeamFunction] = {}
+    for module, original in proof.seams:
+        replacement = _replacement(original, eviction, target, home, counts, stock)
+        replacements[id(original)] = replacement
+        undo.append(_rebind(module, SEAM_FUNCTION, original, replacement))
+    for binding in proof.bindings:
+        undo.append(
+            _rebind(binding.owner, binding.name, binding.original, replacements[id(binding.original)])
+        )
+    _ACTIVE = Installation("stock-seam", eviction, stock_buffer_bytes, undo, counts, sources)
+    return _ACTIVE
+
+
+def _replacement(
+    original: SeamFunction,
+    eviction: WeightEviction,
+    target: torch.device,
+    home: _Counts,
+    counts: dict[str, _Counts],
+    stock: Callable[[object], Flush | None],
+) -> SeamFunction:
+    def _l2_flush_fn(device: object, *, enabled: bool) -> Flush | None:
+        if not enabled:
+            return original(device, enabled=enabled)
+        here = _same_device(torch.device(device), target)  # type: ignore[call-overload]
+        if here and not eviction.released:
+            home.requested += 1
+            home.served += 1
+            return eviction
+        counts.setdefault(_device_key(device), _Counts()).requested += 1
+        return stock(device)
+
+    setattr(_l2_flush_fn, MARK, True)
+    _l2_flush_fn.__wrapped__ = original  # type: ignore[attr-defined]
+    return _l2_flush_fn
+
+
+def _rebind(owner: object, name: str, original: object, replacement: object) -> Callable[[], None]:
+    setattr(owner, name, replacement)
+
+    def undo() -> None:
+        # Only put the original back if nobody replaced ours in the meantime.
+        if getattr(owner, name, None) is replacement:
+            setattr(owner, name, original)
+
+    return undo

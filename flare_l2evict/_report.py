@@ -68,3 +68,54 @@ class ReclaimReport(BaseModel):
             f"({self.source_storage_bytes:,}-byte storage, {self.window_bytes:,}-byte window) "
             f"instead of {self.race_jobs} x {self.stock_buffer_bytes:,}-byte buffers"
         )
+
+
+class DeviceAudit(BaseModel):
+    """What b12x's races asked of the seam on one device while the plugin was installed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: str
+    requested: NonNegativeInt = Field(description="Evictions b12x asked for (enabled calls).")
+    served_by_weights: NonNegativeInt = Field(description="Of those, served by the weights.")
+    stock_buffers: NonNegativeInt = Field(description="Stock buffers made instead (fallbacks).")
+    stock_bytes: NonNegativeInt = Field(description="Bytes those stock buffers allocated.")
+
+
+class StartupAudit(BaseModel):
+    """What really happened between ``before_first_capture`` and ``startup_complete``.
+
+    ``shortfall_bytes`` is what stock buffers allocated on the credited device
+    while the credit stood: memory the KV allocator was promised but the races
+    used after all. It is 0 when every eviction was served by the weights.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mechanism: Literal["fork", "stock-seam", "none"]
+    device: str | None = None
+    credited_bytes: NonNegativeInt = 0
+    counted: bool = Field(
+        default=True, description="False for the fork's API, whose calls the plugin cannot see."
+    )
+    devices: tuple[DeviceAudit, ...] = ()
+    shortfall_bytes: NonNegativeInt = 0
+
+    def summary(self) -> str:
+        """One line for the start-up log."""
+        if self.mechanism == "none":
+            return "nothing was installed; stock b12x ran its races"
+        if not self.counted:
+            return (
+                f"credited {self.credited_bytes:,} bytes on {self.device} via the fork's "
+                "use_startup_eviction; its race evictions are not visible to the plugin"
+            )
+        parts = [
+            f"{d.device}: {d.requested} evictions asked, {d.served_by_weights} served by weights, "
+            f"{d.stock_buffers} stock buffers ({d.stock_bytes:,} bytes)"
+            for d in self.devices
+        ] or [f"{self.device}: no evictions asked"]
+        head = f"credited {self.credited_bytes:,} bytes on {self.device}; " + "; ".join(parts)
+        if self.shortfall_bytes:
+            return f"{head}; SHORTFALL {self.shortfall_bytes:,} bytes of the credit were used"
+        return head

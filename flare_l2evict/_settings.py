@@ -25,11 +25,17 @@ _SECTION_NAME = ".".join(SECTION)
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
 
+MIN_WINDOW_BYTES = 1 << 20
+"""A window below 1 MiB displaces no GPU's L2; it is a typo, not a setting."""
+MAX_WINDOW_BYTES = 64 << 30
+"""A window above 64 GiB is larger than any checkpoint shard it could read."""
+
 # What each key accepts, in the words an error message uses.
 ALLOWED: dict[str, str] = {
     "enabled": "true or false",
     "window": "'stock' (the default: max(2 x L2, 64 MiB), what stock b12x reads), "
-    "a positive whole number of bytes, or a size such as '256MiB'",
+    "or a whole number of bytes divisible by 4 between 1 MiB and 64 GiB, "
+    "such as '256MiB'",
     "exclude": "a list of tensor-name glob patterns, such as ['*.embed_tokens.*']",
     "on_error": "'fallback' (the default: keep stock b12x and reclaim 0) or 'raise'",
 }
@@ -74,8 +80,12 @@ class L2EvictSettings(BaseModel):
     @classmethod
     def _window(cls, value: object) -> int | str | None:
         parsed = _parse_size(value)
-        if isinstance(parsed, int) and parsed <= 0:
-            raise ValueError("not positive")
+        if isinstance(parsed, int) and not (
+            MIN_WINDOW_BYTES <= parsed <= MAX_WINDOW_BYTES and parsed % 4 == 0
+        ):
+            # The eviction reads whole float32 words; a window it cannot read in
+            # full would be credited for reads that never happen.
+            raise ValueError("out of range")
         return parsed
 
     @field_validator("exclude", mode="before")
@@ -109,10 +119,17 @@ def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
     accepts. Other sections belong to the host and are not inspected.
     """
     section: object = config or {}
+    path: list[str] = []
     for part in SECTION:
-        section = section.get(part, {}) if isinstance(section, Mapping) else None
-        if section is None:
-            raise ConfigError(f"[{_SECTION_NAME}] must be a table of keys, not {section!r}")
+        if not isinstance(section, Mapping):
+            where = ".".join(path) or "the deployment config"
+            raise ConfigError(
+                f"[{where}] must be a table of keys, not {type(section).__name__} "
+                f"({json.dumps(section, default=str)[:60]}); fix: make it a table"
+            )
+        section = section.get(part, {})
+        section = {} if section is None else section
+        path.append(part)
     if not isinstance(section, Mapping):
         raise ConfigError(
             f"[{_SECTION_NAME}] must be a table of keys ({', '.join(ALLOWED)}), "
@@ -131,6 +148,8 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
     Raises :class:`ConfigError` naming the file and the problem.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a config file; fix: pass --config FILE")
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file; fix: pass an existing --config FILE")
     suffix = path.suffix.lower()

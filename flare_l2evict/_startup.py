@@ -1,141 +1,228 @@
-"""One start-up, end to end: choose the source, build the eviction, install it, report."""
+"""One start-up, end to end: check, choose, build and install, credit, agree, report.
+
+Each step returns a frozen value; :meth:`L2EvictStartup.run` reads as the flow.
+The installation itself is owned by :mod:`flare_l2evict._install`; this module
+holds only the report of the start-up in progress.
+"""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
 
-import torch
-
-from ._agree import RankOutcome, agree, settings_digest
-from ._errors import L2EvictError, SourceError
-from ._eviction import WeightEviction
-from ._install import Installation, install
-from ._report import ReclaimReport, SourceRead
+from ._agree import Agreement, RankOutcome, agree, settings_digest
+from ._credit import Credit, credit
+from ._errors import L2EvictError
+from ._install import Installation, active_installation, install, restore
+from ._report import ReclaimReport, StartupAudit
+from ._runtime import Placement, RuntimeFacts, placement, read_runtime
+from ._seam import SeamProof, fork_function, measure_stock_buffer, prove_seam
 from ._settings import L2EvictSettings, settings_from_config
 from ._source import choose_source
-from ._window import device_l2_bytes, reclaimable_bytes, stock_buffer_bytes
+from ._window import device_l2_bytes, stock_buffer_bytes
 
 log = logging.getLogger("flare_l2evict")
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """The byte figures of this device that the credit rests on, and the seam they came from.
+
+    ``proof`` is ``None`` only when the fork's API is used (its buffer is the formula).
+    """
+
+    l2_cache_bytes: int
+    window_bytes: int
+    stock_buffer_bytes: int
+    stock_measured: bool
+    race_jobs: int
+    proof: SeamProof | None
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What this rank installed and may credit (``credit.nbytes == 0``: restored)."""
+
+    installation: Installation | None
+    credit: Credit
+
+
+def measure_sizes(facts: RuntimeFacts, settings: L2EvictSettings) -> Sizes:
+    """L2, window and stock's real per-job buffer on ``facts.device``.
+
+    On CUDA stock's buffer is measured through the proven seam (allocated
+    once, then freed); elsewhere it is the formula. Raises
+    :class:`~flare_l2evict.InstallError` when b12x fails the proof and the
+    fork's API is absent.
+    """
+    l2 = facts.l2_cache_bytes
+    if l2 is None:
+        l2 = device_l2_bytes(facts.device)
+    window = settings.window_bytes(l2)
+    if fork_function() is not None:
+        return Sizes(l2, window, stock_buffer_bytes(l2), False, facts.race_jobs, None)
+    proof = prove_seam()
+    stock = measure_stock_buffer(proof.original, facts.device, l2)
+    return Sizes(l2, window, stock.nbytes, stock.measured, facts.race_jobs, proof)
+
+
+def install_and_credit(facts: RuntimeFacts, settings: L2EvictSettings, sizes: Sizes) -> Installed:
+    """Choose the source, install the eviction, and compute the credit in one place.
+
+    Invariant: when the returned credit is 0, nothing is left installed.
+    """
+    choice = choose_source(
+        facts.resident_tensors(), facts.device, sizes.window_bytes, settings.exclude
+    )
+    installation = install(choice, sizes.proof, sizes.stock_buffer_bytes)
+    granted = credit(
+        installed=not installation.restored,
+        race_jobs=sizes.race_jobs,
+        stock_buffer_bytes=sizes.stock_buffer_bytes,
+        window_bytes=sizes.window_bytes,
+        read_bytes=installation.read_bytes,
+    )
+    if granted.nbytes == 0:
+        installation.restore()
+        return Installed(None, granted)
+    return Installed(installation, granted)
+
+
 class L2EvictStartup:
-    """The plugin's state for one process: at most one start-up at a time.
+    """The plugin's start-up in this process: at most one report at a time.
 
     :meth:`run` never raises unless the deployment asked for ``on_error =
-    "raise"``; on any fault it restores stock b12x and reports 0 with the
-    reason. A second :meth:`run` before :meth:`finish` changes nothing and
+    "raise"`` (and then only after restoring stock b12x); on any fault it
+    restores stock b12x and reports 0 with the reason, whatever the host
+    passed. A second :meth:`run` before :meth:`finish` changes nothing and
     returns the first report.
     """
 
     def __init__(self) -> None:
         self.report: ReclaimReport | None = None
-        self.installation: Installation | None = None
 
-    def run(self, runtime: Any) -> ReclaimReport:
+    def run(self, runtime: object) -> ReclaimReport:
         if self.report is not None:
             log.info("flare_l2evict: before_first_capture called again; keeping the first report")
             return self.report
-        device = torch.device(getattr(runtime, "device", "cpu"))
-        rank = int(getattr(runtime, "rank", 0) or 0)
-        world_size = int(getattr(runtime, "world_size", 1) or 1)
+        where = placement(runtime)
         settings: L2EvictSettings | None = None
-        fields: dict[str, Any] = {}
-        local = 0
-        reason: str | None = None
+        sizes: Sizes | None = None
+        installed = Installed(None, Credit(0, "not started"))
         error: BaseException | None = None
         try:
-            settings = settings_from_config(getattr(runtime, "config", None))
+            facts = read_runtime(runtime)
+            settings = settings_from_config(facts.config)
             if not settings.enabled:
-                reason = "disabled by config (plugins.l2evict.enabled = false)"
+                installed = Installed(None, Credit(0, "disabled by config (enabled = false)"))
             else:
-                local = self._install(runtime, device, settings, fields)
+                sizes = measure_sizes(facts, settings)
+                installed = install_and_credit(facts, settings, sizes)
         except Exception as caught:
-            self._restore()
-            error = caught
-            reason = (
-                str(caught)
-                if isinstance(caught, L2EvictError)
-                else f"{type(caught).__name__}: {caught}"
-            )
-        # Every rank reaches the agreement, faulted or not, so none waits forever.
+            restore()
+            error, installed = caught, Installed(None, Credit(0, _reason(caught)))
+        agreed = self._agree(where, installed.credit, settings)
+        report = self._report(where, installed, agreed, sizes)
+        return self._hand_over(runtime, report, settings, error)
+
+    def _agree(
+        self, where: Placement, local: Credit, settings: L2EvictSettings | None
+    ) -> Agreement:
+        """Every rank reaches the agreement, faulted or not, so none waits forever."""
         digest, shown = settings_digest(settings)
         try:
             agreed = agree(
-                RankOutcome(rank, local, reason, digest, shown),
-                getattr(runtime, "process_group", None),
+                RankOutcome(where.rank, local.nbytes, local.reason, digest, shown),
+                where.process_group,  # type: ignore[arg-type]
             )
         except Exception as caught:
-            self._restore()
-            agreed = None
-            reason = f"tensor-parallel agreement failed ({type(caught).__name__}: {caught})"
-            error = error or caught
-        if agreed is not None and agreed.reclaimed_bytes == 0 and self.installation is not None:
-            # Keep every rank's races alike: if nothing is credited, nobody reads weights.
-            self._restore()
-        report = ReclaimReport(
-            device=str(device),
-            rank=rank,
-            world_size=world_size,
-            reclaimed_bytes=0 if agreed is None else agreed.reclaimed_bytes,
-            local_reclaimed_bytes=local,
-            mechanism=self.installation.mechanism if self.installation else "none",
-            reason=reason if agreed is None else agreed.reason or reason,
-            fallback_ranks={} if agreed is None else agreed.fallback_ranks,
-            **(fields if self.installation else _only_sizes(fields)),
+            agreed = Agreement(0, {}, f"tensor-parallel agreement failed ({_reason(caught)})")
+        if agreed.reclaimed_bytes == 0:
+            restore()  # keep every rank's races alike: if nothing is credited, nobody reads weights
+        return agreed
+
+    def _report(
+        self, where: Placement, installed: Installed, agreed: Agreement, sizes: Sizes | None
+    ) -> ReclaimReport:
+        installation = active_installation() if agreed.reclaimed_bytes else None
+        if installation is not None:
+            installation.credited_bytes = agreed.reclaimed_bytes
+        figures = {} if sizes is None else {
+            "window_bytes": sizes.window_bytes,
+            "stock_buffer_bytes": sizes.stock_buffer_bytes,
+            "race_jobs": sizes.race_jobs,
+        }  # fmt: skip
+        source = {}
+        if installation is not None:
+            source = {
+                "source_tensor": installation.source_name,
+                "source_storage_bytes": sum(read.storage_bytes for read in installation.sources),
+                "sources": installation.sources,
+            }
+        return ReclaimReport(
+            device=where.device,
+            rank=where.rank,
+            world_size=where.world_size,
+            reclaimed_bytes=agreed.reclaimed_bytes,
+            local_reclaimed_bytes=installed.credit.nbytes,
+            mechanism=installation.mechanism if installation else "none",
+            reason=agreed.reason or (None if agreed.reclaimed_bytes else installed.credit.reason),
+            fallback_ranks=agreed.fallback_ranks,
+            **figures,
+            **source,
         )
+
+    def _hand_over(
+        self,
+        runtime: object,
+        report: ReclaimReport,
+        settings: L2EvictSettings | None,
+        error: BaseException | None,
+    ) -> ReclaimReport:
+        """Log, then credit the KV allocator; a failing allocator un-credits and restores."""
+        raising = settings is not None and settings.on_error == "raise"
+        if error is not None and raising:
+            self.report = report
+            log.warning("flare_l2evict: stock b12x eviction kept; %s", report.summary())
+            raise L2EvictError(f"l2evict failed and on_error = 'raise': {report.reason}") from error
+        add = getattr(getattr(runtime, "kv_allocator", None), "add_reclaimed", None)
+        if callable(add):
+            try:
+                add(report)
+            except Exception as caught:
+                restore()
+                reason = f"kv_allocator.add_reclaimed raised {_reason(caught)}"
+                report = report.model_copy(
+                    update={"reclaimed_bytes": 0, "mechanism": "none", "reason": reason}
+                )
+                error = caught
         self.report = report
-        if self.installation is not None:
+        if report.reclaimed_bytes:
             log.info("flare_l2evict: %s", report.summary())
         else:
             log.warning("flare_l2evict: stock b12x eviction kept; %s", report.summary())
-        if error is not None and settings is not None and settings.on_error == "raise":
-            raise L2EvictError(f"l2evict failed and on_error = 'raise': {reason}") from error
-        allocator = getattr(runtime, "kv_allocator", None)
-        if allocator is not None:
-            allocator.add_reclaimed(report)
+        if error is not None and raising:
+            raise L2EvictError(f"l2evict failed and on_error = 'raise': {report.reason}") from error
         return report
 
-    def _install(
-        self, runtime: Any, device: torch.device, settings: L2EvictSettings, fields: dict[str, Any]
-    ) -> int:
-        """Install and return this rank's reclaimed bytes; ``fields`` gathers the report's."""
-        l2 = getattr(runtime, "l2_cache_bytes", None)
-        l2 = device_l2_bytes(device) if l2 is None else int(l2)
-        race_jobs = int(getattr(runtime, "race_jobs", 0))
-        stock = stock_buffer_bytes(l2)
-        window = settings.window_bytes(l2)
-        fields.update(window_bytes=window, stock_buffer_bytes=stock, race_jobs=race_jobs)
-        choice = choose_source(runtime.resident_tensors(), device, window, settings.exclude)
-        eviction = WeightEviction(choice)
-        self.installation = install(eviction)
-        fields.update(
-            source_tensor=choice.name,
-            source_storage_bytes=choice.total_bytes,
-            sources=tuple(
-                SourceRead(tensor=s.name, storage_bytes=s.nbytes) for s in choice.storages
-            ),
-        )
-        reclaimed = reclaimable_bytes(race_jobs, l2)
-        if reclaimed == 0:
-            raise SourceError(
-                f"nothing to reclaim: the host runs {race_jobs} race jobs; fix: pass "
-                "runtime.race_jobs, the b12x race jobs this process holds at once"
-            )
-        return reclaimed
-
-    def _restore(self) -> None:
-        if self.installation is not None:
-            installation, self.installation = self.installation, None
-            installation.restore()
-
-    def finish(self) -> None:
-        """Start-up is over: stock b12x back, no reference to the weights, ready for the next."""
-        self._restore()
+    def finish(self) -> StartupAudit:
+        """Start-up is over: audit, stock b12x back, no reference to the weights."""
+        installation = active_installation()
+        audit = StartupAudit(mechanism="none") if installation is None else installation.audit()
+        restore()
+        if self.report is not None or installation is not None:
+            if audit.shortfall_bytes:
+                log.warning("flare_l2evict: audit: %s", audit.summary())
+            else:
+                log.info("flare_l2evict: audit: %s", audit.summary())
         self.report = None
+        return audit
 
 
-def _only_sizes(fields: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: v for k, v in fields.items() if k in ("window_bytes", "stock_buffer_bytes", "race_jobs")
-    }
+def _reason(error: BaseException) -> str:
+    """One line: our own errors as they are, anything else with its type."""
+    if isinstance(error, L2EvictError):
+        text = str(error)
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return " ".join(text.split())[:500]

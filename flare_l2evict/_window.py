@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from ._eviction import OWN_BYTES
-
 _FLOOR_BYTES = 64 << 20
 
 
@@ -25,17 +23,6 @@ def stock_buffer_bytes(l2_cache_bytes: int) -> int:
     leaving it out keeps the reclaimed figure a lower bound.
     """
     return (stock_window_bytes(l2_cache_bytes) + 3) // 4 * 4
-
-
-def reclaimable_bytes(race_jobs: int, l2_cache_bytes: int) -> int:
-    """What the KV allocator may be credited when ``race_jobs`` read weights instead.
-
-    Each job's stock buffer is no longer allocated; the plugin's own eviction
-    outputs (:data:`~flare_l2evict._eviction.OWN_BYTES`, once per process) are
-    subtracted. Stock's per-job 0-d output and per-call staging are saved too
-    but not counted, so the figure is a lower bound of the real saving.
-    """
-    return max(0, race_jobs * stock_buffer_bytes(l2_cache_bytes) - OWN_BYTES)
 
 
 def device_l2_bytes(device: torch.device) -> int:

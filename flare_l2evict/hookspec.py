@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed
 
-    from ._report import ReclaimReport
+    from ._report import ReclaimReport, StartupAudit
 
 PROJECT_NAME = "flare"
 """The pluggy project name of the flare runtime; hook markers are bound to it."""
@@ -63,15 +63,22 @@ class FlareRuntime(Protocol):
         The process's GPU (``torch.device("cuda", N)``); the reference host
         also accepts ``cpu``.
     ``rank``, ``world_size``, ``process_group``
-        Tensor-parallel placement; ``process_group`` is ``None`` for a single
-        process, else the group whose ranks must size the KV cache alike.
+        Tensor-parallel placement, ``0 <= rank < world_size``;
+        ``process_group`` is ``None`` for a single process, else the group
+        whose ranks must size the KV cache alike.
+
+    The plugin checks every attribute once, at the start of
+    ``before_first_capture``; a missing or out-of-range one is reported in one
+    line naming it and what it accepts (see ``RuntimeContractError``).
     ``config``
         The deployment config as a mapping; the plugin reads ``plugins.l2evict``.
     ``race_jobs``
-        How many b12x race jobs this process holds at once during start-up:
-        stock b12x allocates one eviction buffer per job.
+        How many b12x race jobs this process holds at once during start-up
+        (a whole number in ``0..1024``): stock b12x allocates one eviction
+        buffer per job.
     ``l2_cache_bytes``
-        The device's L2 size, or ``None`` to read it from the CUDA device.
+        The device's L2 size in bytes (``1..4 GiB``), or ``None`` to read it
+        from the CUDA device.
     ``kv_allocator``
         See :class:`KVAllocator`.
     ``resident_tensors()``
@@ -105,5 +112,10 @@ class FlareStartupSpec:
         """
 
     @hookspec
-    def startup_complete(self, runtime: FlareRuntime) -> None:
-        """Start-up races and captures are over; restore and release everything."""
+    def startup_complete(self, runtime: FlareRuntime) -> StartupAudit | None:
+        """Start-up races and captures are over; restore and release everything.
+
+        A plugin that changed the races returns a :class:`StartupAudit` of what
+        they really did (evictions asked and served, stock buffers made after
+        the credit) for the host's log; it has already logged one line of it.
+        """

@@ -1,12 +1,13 @@
 """The ``flare.plugins`` entry point ``l2evict``: the hook implementations.
 
-pluggy registers this module itself; its state lives in one
-:class:`~flare_l2evict._startup.L2EvictStartup` per process.
+pluggy registers this module itself; the start-up's report lives in one
+:class:`~flare_l2evict._startup.L2EvictStartup` per process, the installation
+in :mod:`flare_l2evict._install`. Imports only runtime modules (a test pins it).
 """
 
 from __future__ import annotations
 
-from ._report import ReclaimReport
+from ._report import ReclaimReport, StartupAudit
 from ._startup import L2EvictStartup
 from .hookspec import FlareRuntime, hookimpl
 
@@ -20,6 +21,11 @@ def before_first_capture(runtime: FlareRuntime) -> ReclaimReport:
 
 
 @hookimpl
-def startup_complete(runtime: FlareRuntime) -> None:
-    """Restore stock b12x and drop every reference to the weights."""
-    _STARTUP.finish()
+def startup_complete(runtime: FlareRuntime) -> StartupAudit:
+    """Audit the races, restore stock b12x and drop every reference to the weights."""
+    return _STARTUP.finish()
+
+
+def finish() -> StartupAudit:
+    """What ``startup_complete`` does, for hosts and tests that end a start-up early."""
+    return _STARTUP.finish()

@@ -137,10 +137,12 @@ def test_fallbacks_report_zero_with_the_reason(
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
 
 
-def test_other_device_fallback(make_runtime: Callable) -> None:
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_device_without_cuda_names_runtime_device(make_runtime: Callable) -> None:
     runtime = make_runtime({"embed": torch.zeros(1 << 24)}, device="cuda:0")
     report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
-    assert report.reclaimed_bytes == 0 and "1 other device" in report.reason
+    assert report.reclaimed_bytes == 0 and "runtime.device = device(type='cuda'" in report.reason
+    assert "CUDA is not available here" in report.reason
 
 
 def test_bad_config_in_the_hook_falls_back(make_runtime: Callable) -> None:

@@ -30,7 +30,7 @@ def test_switch_off_without_uninstalling() -> None:
         (1 << 20, 1 << 20),
         ("256MiB", 256 << 20),
         ("1 GiB", 1 << 30),
-        ("4096", 4096),
+        ("4194304", 4 << 20),
         ("stock", "stock"),
     ],
 )
@@ -47,13 +47,15 @@ def test_unknown_key_names_the_key_and_the_allowed_ones() -> None:
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("bad", [-5, 0, 1.5, "lots", True, None])
+@pytest.mark.parametrize(
+    "bad", [-5, 0, 1, 4096, (1 << 20) + 2, "65GiB", 1.5, "lots", True, None]
+)
 def test_bad_window_is_rejected_with_the_allowed_values(bad: object) -> None:
     with pytest.raises(ConfigError) as caught:
         settings(section(window=bad))
     message = str(caught.value)
     assert message.startswith("plugins.l2evict.window = ")
-    assert "positive whole number of bytes" in message
+    assert "whole number of bytes divisible by 4 between 1 MiB and 64 GiB" in message
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .._errors import L2EvictError
+from .._units import GiB, MiB
 from ._headers import read_checkpoint
 from ._plan import make_plan, shard_of, split_evenly
 from .._settings import load_deployment_config, settings_from_config
@@ -30,8 +31,8 @@ from .reference_host import (
     write_example_checkpoint,
 )
 
-MiB = 1 << 20
-GiB = 1 << 30
+
+
 
 
 def _size(value: int) -> str:

@@ -9,7 +9,9 @@ from typing import Any, NamedTuple
 from ._headers import TensorHeader
 from .._settings import L2EvictSettings
 from .._source import _matches, largest_first
-from .._window import reclaimable_bytes
+from .._credit import credit
+from .._eviction import read_bytes_for
+from .._window import stock_buffer_bytes
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,14 @@ def plan_rank(
             f"no storage covers the {window:,}-byte eviction window "
             f"({len(picked)} eligible storages hold {total:,} bytes)",
         )
-    return outcome(reclaimable_bytes(race_jobs, l2_cache_bytes), None, picked)
+    granted = credit(
+        installed=True,
+        race_jobs=race_jobs,
+        stock_buffer_bytes=stock_buffer_bytes(l2_cache_bytes),
+        window_bytes=window,
+        read_bytes=read_bytes_for([sizes[i] for i, _ in picked], window),
+    )
+    return outcome(granted.nbytes, granted.reason, picked if granted.nbytes else ())
 
 
 def make_plan(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MiB = 1 << 20
-GiB = 1 << 30
+from ..._units import GiB, MiB
+
+
+
 
 
 @dataclass(frozen=True)

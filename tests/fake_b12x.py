@@ -1,0 +1,145 @@
+"""Fake b12x releases written to disk and imported for real: the faults no release has yet.
+
+Each fake is a package ``b12x`` with ``preparation._measurement`` and
+``preparation.session`` shaped like stock b12x 1.5, with one fault. Its seam
+allocates on the CPU and records every buffer's bytes in ``ALLOCATED`` so a
+test can count what the races really allocated.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+MEASUREMENT = """
+import torch
+
+L2 = {l2}
+ALLOCATED = []
+
+
+def _l2_flush_fn(device, *, enabled):
+    {guard}
+    buffer = torch.ones(({factor} * L2 + 3) // 4, dtype=torch.float32, device=device)
+    out = torch.empty((), dtype=torch.float32, device=device)
+    ALLOCATED.append(buffer.untyped_storage().nbytes() + out.untyped_storage().nbytes())
+
+    def flush():
+        torch.sum(buffer, dim=0, out=out)
+
+    return flush
+
+
+def prepare_race_steps(calls, *, device_ordinal=None, eviction=None):
+    if eviction is None:
+        eviction = {race_maker}(torch.device("cpu"), enabled=True)
+    eviction()
+    return eviction
+"""
+
+SESSION_AT_CALL = """
+class PreparationJob:
+    def __init__(self, device):
+        self.device = device
+        self._race_eviction = None
+
+    def _measure(self):
+        from ._measurement import _l2_flush_fn
+
+        if self._race_eviction is None:
+            self._race_eviction = _l2_flush_fn(self.device, enabled=True)
+        return self._race_eviction
+"""
+
+SESSION_BOUND_AT_IMPORT = """
+from ._measurement import _l2_flush_fn
+
+
+class PreparationJob:
+    def __init__(self, device):
+        self.device = device
+        self._race_eviction = None
+
+    def _measure(self):
+        if self._race_eviction is None:
+            self._race_eviction = _l2_flush_fn(self.device, enabled=True)
+        return self._race_eviction
+"""
+
+SESSION_NEW_MODULE = """
+class PreparationJob:
+    def __init__(self, device):
+        self.device = device
+        self._race_eviction = None
+
+    def _measure(self):
+        from ._eviction import make_eviction
+
+        if self._race_eviction is None:
+            self._race_eviction = make_eviction(self.device)
+        return self._race_eviction
+"""
+
+EVICTION_MODULE = """
+from ._measurement import ALLOCATED, L2
+import torch
+
+
+def make_eviction(device):
+    buffer = torch.ones((2 * L2 + 3) // 4, dtype=torch.float32, device=device)
+    ALLOCATED.append(buffer.untyped_storage().nbytes())
+    return lambda: buffer.sum()
+"""
+
+
+def write_fake(
+    root: Path,
+    *,
+    l2: int,
+    factor: int = 2,
+    session: str = SESSION_AT_CALL,
+    seam_raises: bool = False,
+    race_maker: str = "_l2_flush_fn",
+) -> Path:
+    package = root / "b12x"
+    (package / "preparation").mkdir(parents=True)
+    (package / "__init__.py").write_text('"""fake b12x"""\n')
+    (package / "preparation" / "__init__.py").write_text("")
+    guard = (
+        'raise RuntimeError("seam broken")'
+        if seam_raises
+        else "if not enabled:\n        return None"
+    )
+    if race_maker != "_l2_flush_fn":
+        race_maker = "__import__('b12x.preparation._eviction').preparation._eviction.make_eviction"
+    measurement = MEASUREMENT.format(l2=l2, factor=factor, guard=guard, race_maker=race_maker)
+    (package / "preparation" / "_measurement.py").write_text(textwrap.dedent(measurement))
+    (package / "preparation" / "session.py").write_text(textwrap.dedent(session))
+    (package / "preparation" / "_eviction.py").write_text(textwrap.dedent(EVICTION_MODULE))
+    return root
+
+
+def use_fake(monkeypatch: pytest.MonkeyPatch, root: Path) -> ModuleType:
+    """Hide the real b12x (both import names) for this test and import the fake instead."""
+    for name in list(sys.modules):
+        if name == "b12x" or name.startswith(("b12x.", "flashinfer.experimental.b12x")):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(root))
+    importlib.invalidate_caches()
+    return importlib.import_module("b12x.preparation._measurement")
+
+
+def job_evictions(jobs: int) -> list[object]:
+    """Start ``jobs`` race jobs of the loaded fake the way its session does."""
+    session = importlib.import_module("b12x.preparation.session")
+    import torch
+
+    made = [session.PreparationJob(torch.device("cpu"))._measure() for _ in range(jobs)]
+    for eviction in made:
+        eviction()
+    return made

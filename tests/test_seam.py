@@ -1,0 +1,106 @@
+"""Fault injection: fake b12x releases on disk; the credit never exceeds what the races saved."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from fake_b12x import SESSION_BOUND_AT_IMPORT, SESSION_NEW_MODULE, job_evictions, use_fake, write_fake
+from figures import MiB
+
+import flare_l2evict
+from flare_l2evict import WeightEviction, plugin
+from flare_l2evict.tools.reference_host import plugin_manager
+
+L2 = 8 * MiB  # the fakes' L2; stock's window is then max(16 MiB, 64 MiB) = 64 MiB
+JOBS = 3
+
+
+def start(make_runtime: Callable, tensors: dict[str, torch.Tensor]):
+    """The plugin's hook, then the fake's race jobs; returns (report, bytes the races saved)."""
+    measurement = __import__("b12x.preparation._measurement").preparation._measurement
+    job_evictions(JOBS)  # stock: what the jobs allocate without the plugin
+    stock_bytes = sum(measurement.ALLOCATED)
+    measurement.ALLOCATED.clear()
+    runtime = make_runtime(tensors, l2_cache_bytes=L2, race_jobs=JOBS)
+    pm = plugin_manager(["l2evict"])
+    report = pm.hook.before_first_capture(runtime=runtime)[0]
+    measurement.ALLOCATED.clear()  # the proof's own measurement is freed before the races
+    evictions = job_evictions(JOBS)
+    saved = stock_bytes - sum(measurement.ALLOCATED)
+    audit = pm.hook.startup_complete(runtime=runtime)[0]
+    return report, saved, evictions, audit
+
+
+@pytest.fixture
+def weights() -> dict[str, torch.Tensor]:
+    return {"model.layers.0.mlp.experts.w13_weight": torch.zeros(128 * MiB // 4)}
+
+
+def test_stock_shaped_fake_is_served_and_credited_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_runtime: Callable, weights: dict
+) -> None:
+    use_fake(monkeypatch, write_fake(tmp_path, l2=L2))
+    report, saved, evictions, audit = start(make_runtime, weights)
+    assert all(isinstance(e, WeightEviction) for e in evictions)
+    assert report.reclaimed_bytes == saved - flare_l2evict.EVICTION_OWN_BYTES
+    assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
+
+
+def test_a_session_that_binds_the_seam_at_import_is_redirected_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_runtime: Callable, weights: dict
+) -> None:
+    use_fake(monkeypatch, write_fake(tmp_path, l2=L2, session=SESSION_BOUND_AT_IMPORT))
+    report, saved, evictions, _ = start(make_runtime, weights)
+    assert all(isinstance(e, WeightEviction) for e in evictions)
+    assert 0 < report.reclaimed_bytes <= saved
+    session = __import__("b12x.preparation.session").preparation.session
+    assert session._l2_flush_fn.__name__ == "_l2_flush_fn"
+    assert not hasattr(session._l2_flush_fn, "__flare_l2evict__")  # restored at the end
+
+
+def test_a_buffer_of_three_l2_is_measured_not_assumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_runtime: Callable, weights: dict
+) -> None:
+    use_fake(monkeypatch, write_fake(tmp_path, l2=L2, factor=3))
+    report, saved, _, _ = start(make_runtime, weights)
+    assert report.stock_buffer_bytes == 3 * L2 + 4  # its buffer and its 0-d output
+    assert 0 < report.reclaimed_bytes <= saved
+
+
+def test_a_buffer_of_one_l2_is_credited_at_one_l2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_runtime: Callable, weights: dict
+) -> None:
+    # The formula would say 64 MiB per job; this release allocates 8 MiB.
+    use_fake(monkeypatch, write_fake(tmp_path, l2=L2, factor=1))
+    report, saved, _, _ = start(make_runtime, weights)
+    assert report.stock_buffer_bytes == L2 + 4
+    assert report.reclaimed_bytes <= saved
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ({"session": SESSION_NEW_MODULE}, "PreparationJob._measure no longer asks _l2_flush_fn"),
+        ({"race_maker": "new module"}, "prepare_race_steps no longer asks _l2_flush_fn"),
+        ({"seam_raises": True}, "raised RuntimeError: seam broken"),
+    ],
+    ids=["session-evicts-in-a-new-module", "race-evicts-in-a-new-module", "seam-raises"],
+)
+def test_a_release_the_plugin_cannot_serve_is_refused_and_credited_zero(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_runtime: Callable,
+    weights: dict,
+    fault: dict,
+    reason: str,
+) -> None:
+    use_fake(monkeypatch, write_fake(tmp_path, l2=L2, **fault))
+    runtime = make_runtime(weights, l2_cache_bytes=L2, race_jobs=JOBS)
+    report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
+    assert report.reclaimed_bytes == 0 and reason in report.reason
+    assert runtime.kv_allocator.reclaimed_bytes == 0
+    assert flare_l2evict.active_installation() is None
+    plugin.finish()
