@@ -161,9 +161,7 @@ def _counted_stock(
     return make
 
 
-def install(
-    choice: SourceChoice, proof: SeamProof | None, stock_buffer_bytes: int
-) -> Installation:
+def install(choice: SourceChoice, proof: SeamProof | None, stock_buffer_bytes: int) -> Installation:
     """Make b12x's race jobs on ``choice.device`` read the chosen weights.
 
     Tried in order: the fork's ``b12x.comm.pcie.use_startup_eviction``
@@ -206,7 +204,9 @@ def install(
         undo.append(_rebind(module, SEAM_FUNCTION, original, replacement))
     for binding in proof.bindings:
         undo.append(
-            _rebind(binding.owner, binding.name, binding.original, replacements[id(binding.original)])
+            _rebind(
+                binding.owner, binding.name, binding.original, replacements[id(binding.original)]
+            )
         )
     _ACTIVE = Installation("stock-seam", eviction, stock_buffer_bytes, undo, counts, sources)
     return _ACTIVE

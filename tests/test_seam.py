@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from fake_b12x import SESSION_BOUND_AT_IMPORT, SESSION_NEW_MODULE, job_evictions, use_fake, write_fake
+from fake_b12x import (
+    SESSION_BOUND_AT_IMPORT,
+    SESSION_NEW_MODULE,
+    job_evictions,
+    use_fake,
+    write_fake,
+)
 from figures import MiB
 
 import flare_l2evict

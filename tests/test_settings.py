@@ -47,9 +47,7 @@ def test_unknown_key_names_the_key_and_the_allowed_ones() -> None:
     assert "\n" not in message
 
 
-@pytest.mark.parametrize(
-    "bad", [-5, 0, 1, 4096, (1 << 20) + 2, "65GiB", 1.5, "lots", True, None]
-)
+@pytest.mark.parametrize("bad", [-5, 0, 1, 4096, (1 << 20) + 2, "65GiB", 1.5, "lots", True, None])
 def test_bad_window_is_rejected_with_the_allowed_values(bad: object) -> None:
     with pytest.raises(ConfigError) as caught:
         settings(section(window=bad))

@@ -5,34 +5,39 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .._errors import L2EvictError
 from .._units import GiB, MiB
-from ._headers import read_checkpoint
-from ._plan import make_plan, shard_of, split_evenly
-from .._settings import load_deployment_config, settings_from_config
-from .._window import stock_buffer_bytes, stock_window_bytes
-from .reference_host import (
-    DEFAULT_KV_BYTES_PER_TOKEN,
-    DEFAULT_PROFILE,
-    PROFILES,
-    DeviceProfile,
-    ReferenceHost,
-    StartupResult,
-    write_example_checkpoint,
-)
 
+if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any tool
+    import torch
 
+    from .reference_host import DeviceProfile, StartupResult
 
+# Mirrors reference_host._profiles without importing it (and torch) before parsing.
+PROFILE_NAMES = ("gb202", "h100", "h200")
+DEFAULT_PROFILE = "gb202"
+DEFAULT_KV_BYTES_PER_TOKEN = 948
+
+# Upper bounds that refuse a typo before it costs minutes or terabytes.
+LIMITS = {
+    "--l2-mib": 4096,
+    "--race-jobs": 1024,
+    "--memory-gib": 4096,
+    "--kv-bytes-per-token": 1 << 24,
+    "--tp": 1024,
+    "--repetitions": 100_000,
+    "--races": 20,
+}
 
 
 def _size(value: int) -> str:
@@ -43,45 +48,71 @@ def _size(value: int) -> str:
     return f"{value / GiB:.2f} GiB"
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
+def _bounded(flag: str) -> Any:
+    limit = LIMITS[flag]
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not 1 <= value <= limit:
+            raise argparse.ArgumentTypeError(f"{text!r} must be between 1 and {limit:,}")
+        return value
+
+    return parse
+
+
+_DEVICE = re.compile(r"^(cpu|cuda(:\d{1,3})?)$")
+
+
+def _device_text(text: str) -> str:
+    if not _DEVICE.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda or cuda:N")
+    return text
 
 
 def _device(text: str) -> torch.device:
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device (cpu or cuda:N)") from None
-    if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r}: use cpu or cuda:N")
+    """The device named by --device, checked against this machine."""
+    import torch
+
+    device = torch.device(text)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise L2EvictError(f"--device {text}: CUDA is not available here; fix: --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise L2EvictError(
+                f"--device {text}: this machine has {torch.cuda.device_count()} CUDA devices; "
+                f"fix: --device cuda:0..{torch.cuda.device_count() - 1}"
+            )
     return device
 
 
 def _add_profile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
-        choices=sorted(PROFILES),
+        choices=PROFILE_NAMES,
         default=DEFAULT_PROFILE,
         help=f"device to stand in for on a CPU (default {DEFAULT_PROFILE}, the seed's machine)",
     )
-    parser.add_argument("--l2-mib", type=_positive, help="override the profile's L2 size")
-    parser.add_argument("--race-jobs", type=_positive, help="override the profile's race jobs")
-    parser.add_argument("--memory-gib", type=_positive, help="override the profile's memory")
+    parser.add_argument("--l2-mib", type=_bounded("--l2-mib"), help="override the profile's L2")
+    parser.add_argument(
+        "--race-jobs", type=_bounded("--race-jobs"), help="override the profile's race jobs"
+    )
+    parser.add_argument(
+        "--memory-gib", type=_bounded("--memory-gib"), help="override the profile's memory"
+    )
     parser.add_argument(
         "--kv-bytes-per-token",
-        type=_positive,
+        type=_bounded("--kv-bytes-per-token"),
         default=DEFAULT_KV_BYTES_PER_TOKEN,
         help=f"KV cache bytes per token (default {DEFAULT_KV_BYTES_PER_TOKEN}, the seed's ratio)",
     )
 
 
 def _profile(args: argparse.Namespace) -> DeviceProfile:
+    from .reference_host import PROFILES
+
     profile = PROFILES[args.profile]
     if args.l2_mib:
         profile = replace(profile, l2_cache_bytes=args.l2_mib * MiB)
@@ -114,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
         help="load this flare plugin (repeatable), e.g. --plugin l2evict",
     )
     startup.add_argument("--config", type=Path, help="deployment config (.toml, .yaml, .json)")
-    startup.add_argument("--device", type=_device, default=torch.device("cpu"))
+    startup.add_argument("--device", type=_device_text, default="cpu", help="cpu or cuda:N")
     _add_profile_flags(startup)
     startup.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -128,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help=".safetensors files and/or a model.safetensors.index.json",
     )
-    plan.add_argument("--tp", type=_positive, default=1, help="tensor-parallel degree")
+    plan.add_argument("--tp", type=_bounded("--tp"), default=1, help="tensor-parallel degree")
     plan.add_argument(
         "--per-rank",
         action="store_true",
@@ -144,21 +175,40 @@ def _parser() -> argparse.ArgumentParser:
     _add_profile_flags(plan)
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
+    check = commands.add_parser(
+        "check",
+        help="preflight on the serving machine: would the plugin install, and what would it "
+        "credit (exit 0 installs, 1 falls back, 2 bad input)",
+    )
+    check.add_argument(
+        "checkpoint",
+        nargs="*",
+        type=Path,
+        help="this rank's .safetensors files and/or index (headers only are read)",
+    )
+    check.add_argument("--device", type=_device_text, default="cpu", help="cpu or cuda:N")
+    check.add_argument("--config", type=Path, help="deployment config (.toml, .yaml, .json)")
+    _add_profile_flags(check)
+
     bench = commands.add_parser(
         "bench",
         help="on a GPU: stock b12x eviction vs the plugin's (memory, efficacy, cost, races)",
     )
-    bench.add_argument("--device", type=_device, default=torch.device("cuda", 0))
+    bench.add_argument("--device", type=_device_text, default="cuda:0", help="cuda:N")
     bench.add_argument(
         "--out", type=Path, default=Path("bench-out"), help="bench.json, efficacy.png"
     )
-    bench.add_argument("--repetitions", type=_positive, default=480, help="probe samples per point")
-    bench.add_argument("--races", type=_positive, default=20, help="races (at most 20)")
+    bench.add_argument(
+        "--repetitions", type=_bounded("--repetitions"), default=480, help="probe samples per point"
+    )
+    bench.add_argument("--races", type=_bounded("--races"), default=20, help="races (at most 20)")
     bench.add_argument("--json", action="store_true", help="print the full JSON instead of a table")
     return parser
 
 
 def _eviction_cell(result: StartupResult) -> str:
+    from .._window import stock_buffer_bytes
+
     stock = stock_buffer_bytes(result.l2_cache_bytes)
     if result.reclaimed_bytes and result.eviction_storage_bytes < stock:
         return f"{result.eviction_storage_bytes:,} B (reads weights)"
@@ -206,13 +256,21 @@ def _table(header: str, before: StartupResult, after: StartupResult, label: str)
 
 
 def _startup(args: argparse.Namespace) -> int:
+    from .._settings import load_deployment_config, settings_from_config
+    from .._window import stock_window_bytes
+    from .reference_host import ReferenceHost, write_example_checkpoint
+
     config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
     if "l2evict" in args.plugin:
         settings_from_config(config)  # a bad section stops here, with its one-line message
     profile = _profile(args)
-    device: torch.device = args.device
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise L2EvictError(f"--device {device}: CUDA is not available here; fix: --device cpu")
+    device = _device(args.device)
+    if args.checkpoint is not None and not args.checkpoint.is_file():
+        from .reference_host import load_checkpoint
+
+        load_checkpoint(args.checkpoint, device)  # raises its one-line CheckpointError
+    import torch
+
     l2 = (
         torch.cuda.get_device_properties(device).L2_cache_size
         if device.type == "cuda"
@@ -243,6 +301,10 @@ def _startup(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from .._settings import load_deployment_config, settings_from_config
+    from ._headers import read_checkpoint
+    from ._plan import make_plan, shard_of, split_evenly
+
     config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
     settings = settings_from_config(config)
     profile = _profile(args)
@@ -315,11 +377,13 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    device: torch.device = args.device
-    if device.type != "cuda" or not torch.cuda.is_available():
+    import torch
+
+    if not args.device.startswith("cuda") or not torch.cuda.is_available():
         raise L2EvictError(
-            f"bench needs a CUDA device (got --device {device}); fix: run it on a GPU machine"
+            f"bench needs a CUDA device (got --device {args.device}); fix: run it on a GPU machine"
         )
+    device = _device(args.device)
     from .bench._run import run_bench, summary_table
 
     result = run_bench(
@@ -337,11 +401,32 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    from ._check import run_check
+
+    return run_check(args, _profile(args), _device(args.device))
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C, so temporary checkpoints are removed on the way out.
+    raise KeyboardInterrupt(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
+    commands = {"startup": _startup, "plan": _plan, "bench": _bench, "check": _check}
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        return {"startup": _startup, "plan": _plan, "bench": _bench}[args.command](args)
+        return commands[args.command](args)
     except L2EvictError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("error: interrupted; temporary files removed", file=sys.stderr)
+        return 130
+    except OSError as error:
+        print(f"error: {error.strerror or error} ({error.filename or 'no file'})", file=sys.stderr)
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -11,12 +11,14 @@ from typing import NamedTuple
 from .._errors import CheckpointError
 
 _MAX_HEADER = 100 << 20  # safetensors' own limit
-_DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
+_DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "E8M0": 8,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32, "C64": 64,
+    "I64": 64, "U64": 64, "F64": 64,
 }  # fmt: skip
+"""Bits per element of every dtype safetensors' loader accepts."""
 
 
 class TensorHeader(NamedTuple):
@@ -63,21 +65,74 @@ def read_header(path: Path) -> list[TensorHeader]:
     tensors = []
     for name, entry in header.items():
         if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                raise CheckpointError(
+                    f"{path}: corrupt safetensors header (__metadata__ must map strings to "
+                    "strings); fix: re-export the checkpoint"
+                )
             continue
         try:
-            dtype, shape, (begin, end) = (
-                entry["dtype"],
-                tuple(entry["shape"]),
-                entry["data_offsets"],
-            )
-            if not (0 <= begin <= end <= data_bytes):
-                raise ValueError(f"bytes {begin}..{end} outside the {data_bytes:,} data bytes")
+            tensors.append(_entry(name, entry, data_bytes, str(path)))
         except (KeyError, TypeError, ValueError) as error:
             raise CheckpointError(
-                f"{path}: corrupt safetensors header at {name!r} ({error})"
+                f"{path}: corrupt safetensors header at {name!r} ({error}); fix: re-export or "
+                "re-download the file"
             ) from None
-        tensors.append(TensorHeader(name, dtype, shape, end - begin, str(path)))
+    _check_layout(path, header, data_bytes)
     return tensors
+
+
+def _entry(name: str, entry: object, data_bytes: int, file: str) -> TensorHeader:
+    """One tensor's entry, checked as safetensors' loader checks it."""
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise ValueError("needs exactly dtype, shape and data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in _DTYPE_BITS:
+        raise ValueError(f"unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise ValueError("shape must be a list of non-negative whole numbers")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+    ):
+        raise ValueError("data_offsets must be [begin, end]")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_bytes:
+        raise ValueError(f"bytes {begin}..{end} outside the {data_bytes:,} data bytes")
+    elements = 1
+    for d in shape:
+        elements *= d
+    bits = elements * _DTYPE_BITS[dtype]
+    if bits % 8 or bits // 8 != end - begin:
+        raise ValueError(
+            f"{dtype} {shape} needs {bits / 8:,g} bytes, the offsets span {end - begin:,}"
+        )
+    return TensorHeader(name, dtype, tuple(shape), end - begin, file)
+
+
+def _check_layout(path: Path, header: dict[str, object], data_bytes: int) -> None:
+    """Tensors must tile the data section exactly, as safetensors' loader requires."""
+    spans = sorted(
+        tuple(entry["data_offsets"])  # type: ignore[index]
+        for name, entry in header.items()
+        if name != "__metadata__"
+    )
+    position = 0
+    for begin, end in spans:
+        if begin != position:
+            raise CheckpointError(
+                f"{path}: corrupt safetensors header (tensor data at byte {begin:,} where "
+                f"{position:,} was expected: gap or overlap); fix: re-export the checkpoint"
+            )
+        position = end
+    if position != data_bytes:
+        raise CheckpointError(
+            f"{path}: corrupt safetensors header (tensors cover {position:,} of the "
+            f"{data_bytes:,} data bytes); fix: re-export or re-download the file"
+        )
 
 
 def read_index(path: Path) -> list[TensorHeader]:

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
-from ._headers import TensorHeader
-from .._settings import L2EvictSettings
-from .._source import _matches, largest_first
 from .._credit import credit
 from .._eviction import read_bytes_for
+from .._settings import L2EvictSettings
+from .._source import _matches, largest_first
 from .._window import stock_buffer_bytes
+from ._headers import TensorHeader
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,6 @@ from dataclasses import dataclass
 from ..._units import GiB, MiB
 
 
-
-
-
 @dataclass(frozen=True)
 class DeviceProfile:
     """Device memory, L2 size and race-job count of a deployment, for CPU runs.

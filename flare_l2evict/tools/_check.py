@@ -1,0 +1,108 @@
+"""``flare-l2evict check``: the preflight an operator runs before turning the plugin on.
+
+It runs the runtime's own steps without installing anything: the seam proof,
+stock's buffer (measured on CUDA), the window, the source choice (from
+safetensors headers, as the plan does) and the credit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+from typing import TYPE_CHECKING, Any
+
+from .._credit import credit
+from .._errors import InstallError
+from .._eviction import read_bytes_for
+from .._seam import fork_function, measure_stock_buffer, prove_seam, versions
+from .._settings import load_deployment_config, settings_from_config
+from .._source import _matches, largest_first
+from .._window import device_l2_bytes, stock_buffer_bytes
+
+if TYPE_CHECKING:
+    import torch
+
+    from .reference_host import DeviceProfile
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def run_check(args: argparse.Namespace, profile: DeviceProfile, device: torch.device) -> int:
+    """Print the preflight; 0 if the plugin would install and credit, 1 if it would fall back."""
+    config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
+    settings = settings_from_config(config)
+    b12x, flashinfer = versions()
+    print(
+        f"torch {_version('torch')}; b12x {b12x or 'not installed'}; "
+        f"flashinfer-python {flashinfer or 'not installed'}"
+    )
+    if device.type == "cuda":
+        l2 = device_l2_bytes(device)
+        print(f"device: {device} (L2 {l2:,} bytes, read from the device)")
+    else:
+        l2 = profile.l2_cache_bytes
+        print(f"device: {device} (L2 {l2:,} bytes, profile {profile.name})")
+    reasons: list[str] = []
+    if not settings.enabled:
+        reasons.append("disabled by config (enabled = false)")
+    stock_bytes = stock_buffer_bytes(l2)
+    if fork_function() is not None:
+        print("seam: the fork's b12x.comm.pcie.use_startup_eviction (formula buffer)")
+    else:
+        try:
+            proof = prove_seam()
+        except InstallError as error:
+            print(f"seam: falls back: {error}")
+            reasons.append(str(error))
+        else:
+            extra = f"; {len(proof.bindings)} extra bindings redirected" if proof.bindings else ""
+            print(f"seam: installs (stock b12x's _l2_flush_fn{extra})")
+            stock = measure_stock_buffer(proof.original, device, l2)
+            stock_bytes = stock.nbytes
+    how = "measured" if device.type == "cuda" and not reasons else "formula max(2 x L2, 64 MiB)"
+    print(f"stock buffer per race job: {stock_bytes:,} bytes ({how})")
+    window = settings.window_bytes(l2)
+    print(f"window: {window:,} bytes ({settings.window})")
+    read = window
+    if args.checkpoint:
+        from ._headers import read_checkpoint
+
+        headers = read_checkpoint(args.checkpoint)
+        names = [t.name for t in headers]
+        sizes = [t.nbytes for t in headers]
+        pattern = _matches(settings.exclude)
+
+        def eligible(i: int) -> bool:
+            return sizes[i] > 0 and (pattern is None or not pattern.match(names[i]))
+
+        picked, total = largest_first(names, sizes, list, eligible, window)
+        read = read_bytes_for([sizes[i] for i, _ in picked], window)
+        if total < window:
+            reasons.append(f"the checkpoint's storages hold {total:,} bytes, below the window")
+            print(f"storage read: none ({reasons[-1]})")
+        else:
+            shown = ", ".join(f"{name} ({sizes[i]:,} bytes)" for i, name in picked)
+            print(f"storage read: {shown}")
+    else:
+        print("storage read: not checked (pass this rank's checkpoint files to check it)")
+    granted = credit(
+        installed=not reasons,
+        race_jobs=profile.race_jobs,
+        stock_buffer_bytes=stock_bytes,
+        window_bytes=window,
+        read_bytes=read,
+    )
+    if granted.nbytes == 0:
+        reason = reasons[0] if reasons else granted.reason
+        print(f"verdict: falls back, credit 0 bytes: {reason}")
+        return 1
+    print(
+        f"verdict: installs; credit {granted.nbytes:,} bytes "
+        f"({profile.race_jobs} race jobs x {stock_bytes:,} bytes, less the eviction's own outputs)"
+    )
+    return 0
