@@ -64,10 +64,51 @@ _EXPORTS: dict[str, str] = {
     "stock_window_bytes": "_window",
 }
 
-__all__ = sorted(
-    [*_EXPORTS, "FlareRuntime", "FlareStartupSpec", "KVAllocator", "hookimpl", "hookspec"]
-    + ["__version__"]
-)
+__all__ = [
+    "EVICTION_OWN_BYTES",
+    "Agreement",
+    "CheckpointError",
+    "ConfigError",
+    "Credit",
+    "DeviceAudit",
+    "FlareRuntime",
+    "FlareStartupSpec",
+    "InstallError",
+    "Installation",
+    "KVAllocator",
+    "L2EvictError",
+    "L2EvictSettings",
+    "PluginNotFoundError",
+    "RankOutcome",
+    "ReclaimReport",
+    "RuntimeContractError",
+    "RuntimeFacts",
+    "SeamProof",
+    "SourceChoice",
+    "SourceError",
+    "SourceRead",
+    "SourceStorage",
+    "StartupAudit",
+    "StockBuffer",
+    "WeightEviction",
+    "__version__",
+    "active_installation",
+    "agree",
+    "choose_source",
+    "credit",
+    "hookimpl",
+    "hookspec",
+    "install",
+    "load_deployment_config",
+    "measure_stock_buffer",
+    "prove_seam",
+    "read_bytes_for",
+    "read_runtime",
+    "restore",
+    "settings_from_config",
+    "stock_buffer_bytes",
+    "stock_window_bytes",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -63,13 +63,23 @@ else:
 """
 
 
+_PIP_DOWNLOAD = [
+    sys.executable,
+    "-m",
+    "pip",
+    "download",
+    "--quiet",
+    "--no-deps",
+    "--only-binary=:all:",
+]
+
+
 def _wheel(name: str, version: str, cache: Path) -> Path:
     stem = name.replace("-", "_")
     found = sorted(cache.glob(f"{stem}-{version}-*.whl"))
     if not found:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
-            + ["--only-binary=:all:", "-d", str(cache), f"{name}=={version}"],
+            [*_PIP_DOWNLOAD, "-d", str(cache), f"{name}=={version}"],
             check=True,
         )
         found = sorted(cache.glob(f"{stem}-{version}-*.whl"))
