@@ -66,10 +66,13 @@ def agree(
         first = outcomes[0]
         differing = [o for o in outcomes if o.settings_digest != first.settings_digest]
         detail = "; ".join(f"rank {o.rank}: {o.settings}" for o in [first, *differing])
-        reason = f"plugin settings differ across ranks ({detail}); fix: give every rank one config"
-        return Agreement(0, fallback, reason)
+        return Agreement(
+            0,
+            fallback,
+            f"plugin settings differ across ranks ({detail}); fix: give every rank one config",
+        )
     agreed = min(o.reclaimed_bytes for o in outcomes)
-    reason = None
+    reason: str | None = None
     if agreed < outcome.reclaimed_bytes or (agreed == 0 and fallback):
         named = "; ".join(f"rank {r}: {why}" for r, why in sorted(fallback.items()))
         reason = f"agreed across {len(outcomes)} ranks (minimum); " + (

@@ -86,7 +86,7 @@ class WeightEviction:
             # The tail, not the head: heads of weight storages are what a
             # forward pass touches first, tails are least likely to be warm.
             view = torch.empty(0, dtype=torch.float32, device=self.device)
-            view.set_(source.storage, elements - count, (count,))
+            view.set_(source.storage, elements - count, (count,), (1,))
             self._views.append(view)
             main = count - count % _ROWS
             if main:

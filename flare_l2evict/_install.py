@@ -16,7 +16,16 @@ import torch
 
 from ._eviction import WeightEviction
 from ._report import DeviceAudit, SourceRead, StartupAudit
-from ._seam import MARK, SEAM_FUNCTION, Flush, SeamFunction, SeamProof, fork_function
+from ._seam import (
+    MARK,
+    SEAM_FUNCTION,
+    Flush,
+    SeamFunction,
+    SeamProof,
+    fork_function,
+    measure_stock_buffer,
+    prove_seam,
+)
 from ._source import SourceChoice, _same_device
 
 log = logging.getLogger("flare_l2evict.install")
@@ -161,7 +170,11 @@ def _counted_stock(
     return make
 
 
-def install(choice: SourceChoice, proof: SeamProof | None, stock_buffer_bytes: int) -> Installation:
+def install(
+    choice: SourceChoice,
+    proof: SeamProof | None = None,
+    stock_buffer_bytes: int | None = None,
+) -> Installation:
     """Make b12x's race jobs on ``choice.device`` read the chosen weights.
 
     Tried in order: the fork's ``b12x.comm.pcie.use_startup_eviction``
@@ -172,8 +185,9 @@ def install(choice: SourceChoice, proof: SeamProof | None, stock_buffer_bytes: i
     Every enabled call is counted for :meth:`Installation.audit`, and every
     stock buffer made instead (other devices, or after the weights went away)
     with the bytes it allocated. While an installation is active, installing
-    again returns it unchanged. Raises ``ValueError`` when there is no fork
-    and no ``proof``.
+    again returns it unchanged. Without ``proof`` the seam is proven here
+    (:class:`~flare_l2evict.InstallError` if it fails); without
+    ``stock_buffer_bytes`` stock's buffer is measured on the device.
     """
     global _ACTIVE
     if _ACTIVE is not None:
@@ -181,7 +195,13 @@ def install(choice: SourceChoice, proof: SeamProof | None, stock_buffer_bytes: i
     counts: dict[str, _Counts] = {}
     fork = fork_function()
     if fork is None and proof is None:
-        raise ValueError("install() needs a SeamProof when the fork's API is absent")
+        proof = prove_seam()
+    if stock_buffer_bytes is None:
+        stock_buffer_bytes = (
+            measure_stock_buffer(proof.original, choice.device, choice.window_bytes // 2).nbytes
+            if proof is not None
+            else 0
+        )
     stock = None if proof is None else _counted_stock(proof.original, counts, stock_buffer_bytes)
     eviction = WeightEviction(
         choice, fallback=None if stock is None else (lambda: stock(choice.device))

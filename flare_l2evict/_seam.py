@@ -145,7 +145,7 @@ def _check_signature(module: types.ModuleType, original: object) -> SeamFunction
             f"this b12x changed its race eviction; {FIX}, or pin flare-l2evict to a release "
             "that knows this b12x"
         )
-    return original  # type: ignore[return-value]
+    return original
 
 
 def _root_of(module: types.ModuleType) -> str:

@@ -6,14 +6,17 @@ import fnmatch
 import re
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ._errors import SourceError
 
-_storage_of = torch.Tensor.untyped_storage
-_storage_nbytes = torch.UntypedStorage.nbytes
-_storage_pointer = torch.UntypedStorage.data_ptr
+# Unbound C methods, mapped over whole lists at C speed; typed loosely for that use.
+_storage_of: Callable[[Any], torch.UntypedStorage] = torch.Tensor.untyped_storage
+_storage_nbytes: Callable[[Any], int] = torch.UntypedStorage.nbytes
+_storage_pointer: Callable[[Any], int] = torch.UntypedStorage.data_ptr
+_length: Callable[[Any], int] = len
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ def choose_source(
         )
     storages, complete = _storages(names, list(tensors.values()))
     if complete:
-        sizes = list(map(len, storages))  # len(UntypedStorage) is nbytes, and cheaper
+        sizes = list(map(_length, storages))  # len(UntypedStorage) is nbytes, and cheaper
     else:
         sizes = [0 if s is None else _storage_nbytes(s) for s in storages]
 

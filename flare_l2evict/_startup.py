@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from ._agree import Agreement, RankOutcome, agree, settings_digest
 from ._credit import Credit, credit
@@ -147,12 +148,12 @@ class L2EvictStartup:
         installation = active_installation() if agreed.reclaimed_bytes else None
         if installation is not None:
             installation.credited_bytes = agreed.reclaimed_bytes
-        figures = {} if sizes is None else {
+        figures: dict[str, Any] = {} if sizes is None else {
             "window_bytes": sizes.window_bytes,
             "stock_buffer_bytes": sizes.stock_buffer_bytes,
             "race_jobs": sizes.race_jobs,
         }  # fmt: skip
-        source = {}
+        source: dict[str, Any] = {}
         if installation is not None:
             source = {
                 "source_tensor": installation.source_name,

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from figures import KV_BYTES_PER_TOKEN as KV
+from figures import OWN, MiB
 
 import flare_l2evict
 from flare_l2evict import WeightEviction, choose_source, install, stock_window_bytes
@@ -21,7 +23,7 @@ from flare_l2evict.tools.bench import Probe, compare
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, example_tensors
 
 pytestmark = pytest.mark.gpu
-MiB = 1 << 20
+
 KiB = 1 << 10
 
 
@@ -142,8 +144,7 @@ def test_prepare_race_steps_uses_the_installed_eviction(
 ) -> None:
     from flare_l2evict.tools.reference_host._races import gemm_candidates, run_race
 
-    plugin = ours(weights, l2)
-    install(plugin)
+    install(choose_source({"w": weights}, weights.device, stock_window_bytes(l2)))
     calls = gemm_candidates(device)
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
@@ -164,7 +165,7 @@ def test_prepare_race_steps_uses_the_installed_eviction(
 def test_freed_storage_falls_back_to_stock_and_logs(
     device, measurement, l2, weights, caplog: pytest.LogCaptureFixture
 ) -> None:
-    install(ours(weights, l2))
+    install(choose_source({"w": weights}, weights.device, stock_window_bytes(l2)))
     eviction = measurement._l2_flush_fn(device, enabled=True)
     weights.untyped_storage().resize_(0)
     torch.cuda.synchronize(device)
@@ -198,7 +199,7 @@ def test_reference_host_bytes_are_true(device, l2, cute_guard_stand_in) -> None:
     profile = PROFILES["h200"]
     tensors = example_tensors(stock_window_bytes(l2))
     host = {
-        name: ReferenceHost(plugins=plugins, device=device, profile=profile, kv_bytes_per_token=948)
+        name: ReferenceHost(plugins=plugins, device=device, profile=profile, kv_bytes_per_token=KV)
         for name, plugins in (("stock", ()), ("plugin", ("l2evict",)))
     }
     stock = host["stock"].start(tensors)
@@ -215,9 +216,16 @@ def test_reference_host_bytes_are_true(device, l2, cute_guard_stand_in) -> None:
     saved = stock.race_peak_bytes - plugin.race_peak_bytes  # the plugin's own bytes included
     assert saved >= report.reclaimed_bytes  # never over-reported
     assert saved - report.reclaimed_bytes <= 64 * KiB * jobs
-    assert plugin.eviction_storage_bytes == 33_280  # its own outputs, nothing per job
+    assert plugin.eviction_storage_bytes == OWN  # its own outputs, nothing per job
     assert stock.eviction_storage_bytes >= report.reclaimed_bytes
     assert stock.race_winners == plugin.race_winners == (0,) * jobs
+    audit = plugin.audit
+    assert audit is not None
+    print(f"stock buffer measured: {report.stock_buffer_bytes:,} B per job")
+    print(f"audit: {audit.summary()}")
+    (served,) = audit.devices
+    assert (served.requested, served.served_by_weights, served.stock_buffers) == (jobs, jobs, 0)
+    assert audit.shortfall_bytes == 0 and audit.credited_bytes == report.reclaimed_bytes
     assert host["plugin"].events.index("before_first_capture") < host["plugin"].events.index(
         "race job 0 starts"
     )
@@ -227,7 +235,7 @@ def test_weights_freed_after_startup_complete(device, l2, cute_guard_stand_in) -
     tensors = {"w": torch.zeros(512 * MiB // 4, device=device)}
     profile = PROFILES["h200"]
     ReferenceHost(
-        plugins=("l2evict",), device=device, profile=profile, kv_bytes_per_token=948
+        plugins=("l2evict",), device=device, profile=profile, kv_bytes_per_token=KV
     ).start(tensors)
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)

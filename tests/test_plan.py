@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from figures import KV_BYTES_PER_TOKEN as KV
+from figures import OWN, MiB
 
 from flare_l2evict.tools._cli import main
 from flare_l2evict.tools._headers import read_checkpoint
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_sparse_index
-
-MiB = 1 << 20
 
 
 def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
@@ -38,7 +38,7 @@ def test_plan_and_startup_choose_the_same_tensor(
         plugins=["l2evict"],
         config={"plugins": {"l2evict": {"exclude": ["*.embed_tokens.*"]}}},
         profile=PROFILES["h100"],
-        kv_bytes_per_token=948,
+        kv_bytes_per_token=KV,
     )
     report = host.start(path).report
     assert report is not None
@@ -46,8 +46,8 @@ def test_plan_and_startup_choose_the_same_tensor(
     # Neither 80 MiB block covers the 100 MiB window: both read, in the same order.
     assert rank["sources"] == [s.tensor for s in report.sources]
     assert rank["storage_bytes"] == report.source_storage_bytes == 160 * MiB
-    assert rank["reclaimed_bytes"] == report.reclaimed_bytes == 5 * 100 * MiB - 33_280
-    assert rank["kv_tokens_gained"] == (5 * 100 * MiB - 33_280) // 948
+    assert rank["reclaimed_bytes"] == report.reclaimed_bytes == 5 * 100 * MiB - OWN
+    assert rank["kv_tokens_gained"] == (5 * 100 * MiB - OWN) // KV
 
 
 def test_per_rank_files_and_the_agreed_minimum(
@@ -57,7 +57,7 @@ def test_per_rank_files_and_the_agreed_minimum(
     rank1 = write_checkpoint({"w.rank1": torch.zeros(MiB)}, "rank1.safetensors")
     plan = plan_json(capsys, str(rank0), str(rank1), "--tp", "2", "--per-rank", "--l2-mib", "16")
     assert [r["tensor"] for r in plan["ranks"]] == ["w.rank0", None]
-    assert plan["ranks"][0]["reclaimed_bytes"] == 5 * 64 * MiB - 33_280
+    assert plan["ranks"][0]["reclaimed_bytes"] == 5 * 64 * MiB - OWN
     assert "covers the" in plan["ranks"][1]["reason"]
     assert plan["agreed_reclaimed_bytes"] == 0
     assert plan["estimate"] is None

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from figures import KV_BYTES_PER_TOKEN as KV
+from figures import OWN, MiB
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, PluginNotFoundError, WeightEviction
@@ -21,7 +23,6 @@ from flare_l2evict.tools.reference_host import (
     plugin_manager,
 )
 
-MiB = 1 << 20
 GB202 = PROFILES["gb202"]
 measurement = pytest.importorskip("b12x.preparation._measurement")
 
@@ -29,7 +30,7 @@ measurement = pytest.importorskip("b12x.preparation._measurement")
 def host(
     plugins: tuple[str, ...] = ("l2evict",), config: dict | None = None, profile=GB202
 ) -> ReferenceHost:
-    return ReferenceHost(plugins=plugins, config=config, profile=profile, kv_bytes_per_token=948)
+    return ReferenceHost(plugins=plugins, config=config, profile=profile, kv_bytes_per_token=KV)
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +53,11 @@ def test_seed_shape_on_gb202(gb202_checkpoint: Path) -> None:
     without = host(plugins=()).start(gb202_checkpoint)
     with_plugin = host().start(gb202_checkpoint)
     assert without.eviction_storage_bytes == 5 * 256 * MiB == 1_342_177_280
-    assert with_plugin.eviction_storage_bytes == 33_280  # its own outputs, nothing per job
+    assert with_plugin.eviction_storage_bytes == OWN  # its own outputs, nothing per job
     # Less the eviction's own outputs (8192 + 1 float32, in 512-byte blocks): a lower bound.
-    assert with_plugin.reclaimed_bytes == 1_342_177_280 - 33_280
+    assert with_plugin.reclaimed_bytes == 1_342_177_280 - OWN
     assert with_plugin.kv_budget_bytes - without.kv_budget_bytes == 1_342_144_000
-    assert with_plugin.kv_tokens - without.kv_tokens == pytest.approx(1_342_144_000 / 948, abs=1)
+    assert with_plugin.kv_tokens - without.kv_tokens == pytest.approx(1_342_144_000 / KV, abs=1)
     report = with_plugin.report
     assert report is not None and report.mechanism == "stock-seam"
     assert report.source_tensor == "model.layers.3.mlp.experts.w13_weight"
@@ -81,7 +82,7 @@ def test_no_reference_to_the_weights_after_startup() -> None:
     big = StorageWeakRef(tensors["model.layers.3.mlp.experts.w13_weight"].untyped_storage())
     small_l2 = dataclasses.replace(GB202, l2_cache_bytes=32 * MiB)
     result = host(profile=small_l2).start(tensors)
-    assert result.reclaimed_bytes == 5 * 64 * MiB - 33_280
+    assert result.reclaimed_bytes == 5 * 64 * MiB - OWN
     del tensors
     gc.collect()
     assert big.expired()

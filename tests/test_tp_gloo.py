@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
+from figures import OWN, MiB
 from tp_scenarios import worker
 
-MiB = 1 << 20
 STOCK = 64 * MiB  # max(2 x 16 MiB, 64 MiB)
-OWN = 33_280  # the eviction's own outputs, subtracted from what is credited
 SCENARIOS = ["ok", "no_storage", "config_differs", "raises", "raises_raise", "fewer_jobs"]
 
 

@@ -247,6 +247,8 @@ def _table(header: str, before: StartupResult, after: StartupResult, label: str)
     lines += [f"{a:<{widths[0]}}   {b:>{widths[1]}}   {c:>{widths[2]}}" for a, b, c in rows]
     if after.report is not None:
         lines += ["", f"l2evict: {after.report.summary()}"]
+    if after.audit is not None:
+        lines.append(f"l2evict audit: {after.audit.summary()}")
     if after.cute_guard_stand_in:
         lines.append(
             "note: the CuTe DSL is not installed, so b12x's no-compilation guard was a no-op "

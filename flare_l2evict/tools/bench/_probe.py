@@ -43,7 +43,7 @@ class ProbeTimes:
         middle = ordered[cut : len(ordered) - cut] or ordered
         if len(middle) < 2:
             return float("inf")
-        return statistics.stdev(middle) / len(middle) ** 0.5
+        return float(statistics.stdev(middle) / len(middle) ** 0.5)
 
     @property
     def spread(self) -> float:

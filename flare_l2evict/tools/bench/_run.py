@@ -19,7 +19,7 @@ import torch
 
 from ..._eviction import WeightEviction
 from ..._install import install, restore
-from ..._source import choose_source
+from ..._source import SourceChoice, choose_source
 from ..._window import stock_window_bytes
 from ._hook_cost import choice_times
 from ._probe import Probe, ProbeTimes, compare, time_call
@@ -41,8 +41,12 @@ def _stock_method(nbytes: int, device: torch.device) -> Callable[[], None]:
     return flush
 
 
+def _choice_at(weights: torch.Tensor, nbytes: int) -> SourceChoice:
+    return choose_source({"weights": weights}, weights.device, nbytes)
+
+
 def _plugin_at(weights: torch.Tensor, nbytes: int) -> WeightEviction:
-    return WeightEviction(choose_source({"weights": weights}, weights.device, nbytes))
+    return WeightEviction(_choice_at(weights, nbytes))
 
 
 def _allocated(make: Callable[[], Callable[[], None]], device: torch.device) -> dict[str, int]:
@@ -149,7 +153,8 @@ def _races(
             )
             for way in order:
                 if way in ("plugin", "calibrated"):
-                    install(_plugin_at(weights, window if way == "plugin" else calibrated))
+                    nbytes = window if way == "plugin" or calibrated is None else calibrated
+                    install(_choice_at(weights, nbytes))
                 try:
                     eviction = no_eviction if way == "none" else None  # None: b12x's own lookup
                     latencies[way] = run_race(calls, device, eviction).latencies_us
@@ -171,7 +176,7 @@ def _races(
     ways = [w for w in ("plugin", "stock_b", "none", "calibrated") if f"{w}_winner" in rows[0]]
 
     def best_ratio(row: dict[str, Any], way: str) -> float:
-        return min(row["latencies_us"][way]) / min(row["latencies_us"]["stock_a"])
+        return float(min(row["latencies_us"][way]) / min(row["latencies_us"]["stock_a"]))
 
     summary = {
         way: {
@@ -220,8 +225,7 @@ def run_bench(
     result["memory"] = {
         "stock": _allocated(lambda: measurement._l2_flush_fn(device, enabled=True), device)
     }
-    plugin = _plugin_at(weights, window)
-    install(plugin)
+    install(_choice_at(weights, window))
     try:
         result["memory"]["plugin"] = _allocated(
             lambda: measurement._l2_flush_fn(device, enabled=True), device

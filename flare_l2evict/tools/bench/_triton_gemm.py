@@ -37,7 +37,7 @@ def _kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def matmul(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
+    def matmul(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,  # type: ignore[no-untyped-def]
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)

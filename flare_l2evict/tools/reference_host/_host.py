@@ -21,7 +21,7 @@ import torch
 
 from ..._errors import L2EvictError, PluginNotFoundError
 from ..._eviction import OWN_BYTES
-from ..._report import ReclaimReport
+from ..._report import ReclaimReport, StartupAudit
 from ..._window import stock_buffer_bytes
 from ...hookspec import ENTRY_POINT_GROUP, PROJECT_NAME, FlareStartupSpec
 from ._checkpoint import load_checkpoint
@@ -93,10 +93,12 @@ class StartupResult:
     race_winners: tuple[int, ...] = ()
     race_peak_bytes: int | None = None
     cute_guard_stand_in: bool = False
+    audit: StartupAudit | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k != "report"}
+        data = {k: v for k, v in self.__dict__.items() if k not in ("report", "audit")}
         data["report"] = None if self.report is None else self.report.model_dump(mode="json")
+        data["audit"] = None if self.audit is None else self.audit.model_dump(mode="json")
         return data
 
 
@@ -213,7 +215,8 @@ class ReferenceHost:
             jobs = self._start_race_jobs(l2, hook_bytes)
         finally:
             self.events.append("startup_complete")
-            self.pm.hook.startup_complete(runtime=runtime)
+            audits = self.pm.hook.startup_complete(runtime=runtime)
+        audit = next((a for a in audits if isinstance(a, StartupAudit)), None)
         reserve = self.profile.race_jobs * stock_buffer_bytes(l2)
         budget = allocator.budget(memory, loaded, reserve)
         return StartupResult(
@@ -234,6 +237,7 @@ class ReferenceHost:
             race_winners=jobs.winners,
             race_peak_bytes=jobs.peak_bytes,
             cute_guard_stand_in=jobs.cute_guard_stand_in,
+            audit=audit,
         )
 
     def _start_race_jobs(self, l2: int, hook_bytes: int) -> _RaceJobs:
@@ -254,14 +258,14 @@ class ReferenceHost:
                 "fix: pip install 'flashinfer-python>=0.7.2' (or b12x>=1.5)"
             )
         if not cuda:
-            evictions: list[object] = []
+            evictions: list[Callable[[], None] | None] = []
             for index in range(self.profile.race_jobs):
                 self.events.append(f"race job {index} starts")
                 eviction = None
                 if seam is not None and getattr(seam, "__flare_l2evict__", False):
                     eviction = seam(self.device, enabled=True)
-                if _reads_weights(eviction):
-                    eviction()  # type: ignore[operator]
+                if eviction is not None and _reads_weights(eviction):
+                    eviction()
                 evictions.append(eviction)
             modelled = sum(stock_buffer_bytes(l2) for e in evictions if not _reads_weights(e))
             if any(map(_reads_weights, evictions)):
@@ -275,10 +279,11 @@ class ReferenceHost:
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
+        assert seam is not None  # checked above for CUDA
         evictions = []
         for index in range(self.profile.race_jobs):
             self.events.append(f"race job {index} starts")
-            evictions.append(seam(self.device, enabled=True))  # type: ignore[misc]
+            evictions.append(seam(self.device, enabled=True))
         torch.cuda.synchronize(self.device)
         storage = torch.cuda.memory_allocated(self.device) - base + hook_bytes
         with cute_guard() as stand_in:

@@ -27,7 +27,7 @@ def _no_compilation_stand_in() -> Iterator[None]:
 @contextlib.contextmanager
 def cute_guard() -> Iterator[bool]:
     """Yields ``True`` when b12x's guard was replaced by the no-op stand-in."""
-    measurement = importlib.import_module("b12x.preparation._measurement")
+    measurement: Any = importlib.import_module("b12x.preparation._measurement")
     try:
         importlib.import_module("cutlass")
     except ImportError:
