@@ -20,6 +20,8 @@ python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tee 
 tests=${PIPESTATUS[0]}
 python3 -m flare_l2evict startup --device cuda:0 --plugin l2evict --profile h200 2>&1 | tee "$OUT/startup.log"
 startup=${PIPESTATUS[0]}
+python3 -m flare_l2evict check --device cuda:0 --profile h200 2>&1 | tee "$OUT/check.log"
+check=${PIPESTATUS[0]}
 python3 benchmarks/tp_nccl.py 2>&1 | grep -v "^INFO \|^WARNING flare" | tee "$OUT/tp.log"
 tp=${PIPESTATUS[0]}
 bench=0
@@ -32,8 +34,9 @@ echo
 echo "== GPU suite: $(head -1 "$OUT/gpu.txt")"
 grep -E "^(probe after|eviction storage|race peak|stock )" "$OUT/gpu-tests.log" || true
 tail -1 "$OUT/gpu-tests.log"
-grep -E "^(L2 eviction storage|KV tokens|Race)" "$OUT/startup.log" || true
+grep -E "^(L2 eviction storage|KV tokens|Race|l2evict audit)" "$OUT/startup.log" || true
+grep -E "^(stock buffer|verdict)" "$OUT/check.log" || true
 tail -n 4 "$OUT/tp.log"
 if [[ -f "$OUT/bench.log" ]]; then tail -n 18 "$OUT/bench.log"; fi
-echo "exit codes: tests=$tests startup=$startup tp=$tp bench=$bench"
-exit $(( tests || startup || tp || bench ))
+echo "exit codes: tests=$tests startup=$startup check=$check tp=$tp bench=$bench"
+exit $(( tests || startup || check || tp || bench ))
