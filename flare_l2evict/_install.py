@@ -7,7 +7,6 @@ undone with :meth:`Installation.restore` (or :func:`restore`).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -23,12 +22,11 @@ from ._seam import (
     SeamFunction,
     SeamProof,
     fork_function,
+    held_bytes,
     measure_stock_buffer,
     prove_seam,
 )
 from ._source import SourceChoice, _same_device
-
-log = logging.getLogger("flare_l2evict.install")
 
 Mechanism = Literal["fork", "stock-seam"]
 
@@ -45,9 +43,8 @@ class Installation:
     """Weights read in b12x's races on one device; :meth:`restore` puts stock back.
 
     Public surface: :attr:`mechanism`, :attr:`device`, :attr:`source_name`,
-    :attr:`sources`, :attr:`read_bytes`, :attr:`window_bytes`, :meth:`views` (what is
-    read),
-    :attr:`credited_bytes` (set by the start-up once the credit is known),
+    :attr:`sources`, :attr:`read_bytes`, :attr:`window_bytes`, :meth:`views` (what
+    is read), :attr:`credited_bytes` (set by the start-up once the credit is known),
     :meth:`audit` and :meth:`restore`.
     """
 
@@ -55,7 +52,6 @@ class Installation:
         self,
         mechanism: Mechanism,
         eviction: WeightEviction,
-        stock_buffer_bytes: int,
         undo: list[Callable[[], None]],
         counts: dict[str, _Counts],
         sources: tuple[SourceRead, ...],
@@ -66,7 +62,6 @@ class Installation:
         self.sources = sources
         self.read_bytes = eviction.read_bytes
         self.window_bytes = eviction.window_bytes
-        self.stock_buffer_bytes = stock_buffer_bytes
         self.credited_bytes = 0
         self._eviction = eviction
         self._undo = undo
@@ -150,18 +145,29 @@ def _device_key(device: object) -> str:
 
 def _counted_stock(
     original: SeamFunction, counts: dict[str, _Counts], modelled_bytes: int
-) -> Callable[[object], Flush | None]:
-    """Stock's eviction for ``device``, counted as a stock buffer with the bytes it took."""
+) -> Callable[[object, bool], Flush | None]:
+    """Stock's eviction for ``device``, counted as a stock buffer with the bytes it took.
 
-    def make(device: object) -> Flush | None:
+    ``make(device, fallback)``: off CUDA, an original that cannot make a buffer
+    (stock b12x reads the L2 size from a CUDA device) raises as stock would,
+    unless ``fallback`` (the weights went away mid-start-up): then no eviction
+    is made and what a GPU would have allocated is counted.
+    """
+
+    def make(device: object, fallback: bool) -> Flush | None:
         target = torch.device(device)  # type: ignore[call-overload]
-        if target.type != "cuda":
-            # No buffer can be made off CUDA; count what a GPU would have allocated.
-            made, grown = None, modelled_bytes
-        else:
+        if target.type == "cuda":
             before = torch.cuda.memory_allocated(target)
             made = original(target, enabled=True)
             grown = torch.cuda.memory_allocated(target) - before
+        else:
+            try:
+                made = original(target, enabled=True)
+            except Exception:
+                if not fallback:
+                    raise
+                made = None
+            grown = modelled_bytes if made is None else held_bytes(made)
         entry = counts.setdefault(_device_key(device), _Counts())
         entry.stock_buffers += 1
         entry.stock_bytes += max(0, grown)
@@ -204,7 +210,7 @@ def install(
         )
     stock = None if proof is None else _counted_stock(proof.original, counts, stock_buffer_bytes)
     eviction = WeightEviction(
-        choice, fallback=None if stock is None else (lambda: stock(choice.device))
+        choice, fallback=None if stock is None else (lambda: stock(choice.device, True))
     )
     sources = tuple(SourceRead(tensor=s.name, storage_bytes=s.nbytes) for s in choice.storages)
     undo: list[Callable[[], None]] = []
@@ -212,7 +218,7 @@ def install(
         views = eviction.views()
         fork(views[0] if len(views) == 1 else views)
         undo.append(lambda: fork(None))
-        _ACTIVE = Installation("fork", eviction, stock_buffer_bytes, undo, counts, sources)
+        _ACTIVE = Installation("fork", eviction, undo, counts, sources)
         return _ACTIVE
     assert proof is not None and stock is not None
     target = eviction.device
@@ -228,7 +234,7 @@ def install(
                 binding.owner, binding.name, binding.original, replacements[id(binding.original)]
             )
         )
-    _ACTIVE = Installation("stock-seam", eviction, stock_buffer_bytes, undo, counts, sources)
+    _ACTIVE = Installation("stock-seam", eviction, undo, counts, sources)
     return _ACTIVE
 
 
@@ -238,7 +244,7 @@ def _replacement(
     target: torch.device,
     home: _Counts,
     counts: dict[str, _Counts],
-    stock: Callable[[object], Flush | None],
+    stock: Callable[[object, bool], Flush | None],
 ) -> SeamFunction:
     def _l2_flush_fn(device: object, *, enabled: bool) -> Flush | None:
         if not enabled:
@@ -249,7 +255,7 @@ def _replacement(
             home.served += 1
             return eviction
         counts.setdefault(_device_key(device), _Counts()).requested += 1
-        return stock(device)
+        return stock(device, False)
 
     setattr(_l2_flush_fn, MARK, True)
     _l2_flush_fn.__wrapped__ = original  # type: ignore[attr-defined]

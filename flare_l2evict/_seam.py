@@ -296,12 +296,12 @@ def measure_stock_buffer(
         made = original(device, enabled=True)
     except Exception:
         return StockBuffer(stock_buffer_bytes(l2_cache_bytes), measured=False)
-    held = _held_bytes(made)
+    held = held_bytes(made)
     del made
     return StockBuffer(held, measured=True)
 
 
-def _held_bytes(flush: object) -> int:
+def held_bytes(flush: object) -> int:
     """Bytes of the distinct tensor storages a flush closure holds."""
     storages: dict[int, int] = {}
     for cell in getattr(flush, "__closure__", None) or ():

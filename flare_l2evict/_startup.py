@@ -35,7 +35,6 @@ class Sizes:
     l2_cache_bytes: int
     window_bytes: int
     stock_buffer_bytes: int
-    stock_measured: bool
     race_jobs: int
     proof: SeamProof | None
 
@@ -61,10 +60,10 @@ def measure_sizes(facts: RuntimeFacts, settings: L2EvictSettings) -> Sizes:
         l2 = device_l2_bytes(facts.device)
     window = settings.window_bytes(l2)
     if fork_function() is not None:
-        return Sizes(l2, window, stock_buffer_bytes(l2), False, facts.race_jobs, None)
+        return Sizes(l2, window, stock_buffer_bytes(l2), facts.race_jobs, None)
     proof = prove_seam()
     stock = measure_stock_buffer(proof.original, facts.device, l2)
-    return Sizes(l2, window, stock.nbytes, stock.measured, facts.race_jobs, proof)
+    return Sizes(l2, window, stock.nbytes, facts.race_jobs, proof)
 
 
 def install_and_credit(facts: RuntimeFacts, settings: L2EvictSettings, sizes: Sizes) -> Installed:
@@ -138,16 +137,17 @@ class L2EvictStartup:
             )
         except Exception as caught:
             agreed = Agreement(0, {}, f"tensor-parallel agreement failed ({_reason(caught)})")
+        installation = active_installation()
         if agreed.reclaimed_bytes == 0:
             restore()  # keep every rank's races alike: if nothing is credited, nobody reads weights
+        elif installation is not None:
+            installation.credited_bytes = agreed.reclaimed_bytes  # what the audit holds it to
         return agreed
 
     def _report(
         self, where: Placement, installed: Installed, agreed: Agreement, sizes: Sizes | None
     ) -> ReclaimReport:
         installation = active_installation() if agreed.reclaimed_bytes else None
-        if installation is not None:
-            installation.credited_bytes = agreed.reclaimed_bytes
         figures: dict[str, Any] = {} if sizes is None else {
             "window_bytes": sizes.window_bytes,
             "stock_buffer_bytes": sizes.stock_buffer_bytes,

@@ -42,23 +42,8 @@ def prepare_race_steps(calls, *, device_ordinal=None, eviction=None):
     return eviction
 """
 
-SESSION_AT_CALL = """
-class PreparationJob:
-    def __init__(self, device):
-        self.device = device
-        self._race_eviction = None
-
-    def _measure(self):
-        from ._measurement import _l2_flush_fn
-
-        if self._race_eviction is None:
-            self._race_eviction = _l2_flush_fn(self.device, enabled=True)
-        return self._race_eviction
-"""
-
-SESSION_BOUND_AT_IMPORT = """
-from ._measurement import _l2_flush_fn
-
+_SESSION = """
+{top}
 
 class PreparationJob:
     def __init__(self, device):
@@ -66,24 +51,24 @@ class PreparationJob:
         self._race_eviction = None
 
     def _measure(self):
+        {inside}
         if self._race_eviction is None:
-            self._race_eviction = _l2_flush_fn(self.device, enabled=True)
+            self._race_eviction = {call}
         return self._race_eviction
 """
+_SEAM_CALL = "_l2_flush_fn(self.device, enabled=True)"
+_IMPORT = "from ._measurement import _l2_flush_fn"
 
-SESSION_NEW_MODULE = """
-class PreparationJob:
-    def __init__(self, device):
-        self.device = device
-        self._race_eviction = None
-
-    def _measure(self):
-        from ._eviction import make_eviction
-
-        if self._race_eviction is None:
-            self._race_eviction = make_eviction(self.device)
-        return self._race_eviction
-"""
+SESSION_AT_CALL = _SESSION.format(top="", inside=_IMPORT, call=_SEAM_CALL)
+"""Stock's shape: the seam is imported inside ``_measure``, so it is looked up per call."""
+SESSION_BOUND_AT_IMPORT = _SESSION.format(top=_IMPORT, inside="", call=_SEAM_CALL)
+"""The seam is bound once, at import, to a name of the session module."""
+SESSION_NEW_MODULE = _SESSION.format(
+    top="",
+    inside="from ._eviction import make_eviction",
+    call="make_eviction(self.device)",
+)
+"""The job's eviction is made in another module, without the seam."""
 
 EVICTION_MODULE = """
 from ._measurement import ALLOCATED, L2

@@ -113,3 +113,28 @@ def test_bench_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> 
         pytest.skip("this machine has CUDA")
     code, _, err = run(capsys, "bench")
     assert code == 2 and "bench needs a CUDA device" in err and err.count("\n") == 1
+
+
+def _modules_after(code: str) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return set(done.stdout.split())
+
+
+def test_the_plugin_entry_point_imports_only_runtime_modules() -> None:
+    loaded = _modules_after("import flare_l2evict.plugin")
+    ours = {m for m in loaded if m.startswith("flare_l2evict")}
+    assert "flare_l2evict.plugin" in ours
+    assert not {m for m in ours if m.startswith("flare_l2evict.tools")}
+
+
+def test_help_parses_before_importing_torch() -> None:
+    loaded = _modules_after(
+        "from flare_l2evict.tools._cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass"
+    )
+    assert "torch" not in loaded and "flare_l2evict.tools.reference_host" not in loaded

@@ -110,3 +110,30 @@ def test_a_release_the_plugin_cannot_serve_is_refused_and_credited_zero(
     assert runtime.kv_allocator.reclaimed_bytes == 0
     assert flare_l2evict.active_installation() is None
     plugin.finish()
+
+
+def test_weights_freed_mid_startup_show_as_a_shortfall_in_the_audit(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_runtime: Callable,
+    weights: dict,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    measurement = use_fake(monkeypatch, write_fake(tmp_path, l2=L2))
+    runtime = make_runtime(weights, l2_cache_bytes=L2, race_jobs=JOBS)
+    pm = plugin_manager(["l2evict"])
+    report = pm.hook.before_first_capture(runtime=runtime)[0]
+    measurement.ALLOCATED.clear()
+    (eviction,) = job_evictions(1)
+    next(iter(weights.values())).untyped_storage().resize_(0)
+    eviction()  # the weights are gone: this race makes stock's buffer after all
+    with caplog.at_level("INFO", logger="flare_l2evict"):
+        audit = pm.hook.startup_complete(runtime=runtime)[0]
+    (cpu,) = audit.devices
+    assert (cpu.requested, cpu.served_by_weights, cpu.stock_buffers) == (1, 1, 1)
+    assert cpu.stock_bytes == sum(measurement.ALLOCATED) == report.stock_buffer_bytes
+    assert audit.shortfall_bytes == cpu.stock_bytes
+    (line,) = [r for r in caplog.records if "audit" in r.getMessage()]
+    assert (
+        line.levelname == "WARNING" and f"SHORTFALL {cpu.stock_bytes:,} bytes" in line.getMessage()
+    )

@@ -22,7 +22,7 @@ from .._window import device_l2_bytes, stock_buffer_bytes
 if TYPE_CHECKING:
     import torch
 
-    from .reference_host import DeviceProfile
+    from ._profiles import DeviceProfile
 
 
 def _version(name: str) -> str:
@@ -51,6 +51,7 @@ def run_check(args: argparse.Namespace, profile: DeviceProfile, device: torch.de
     if not settings.enabled:
         reasons.append("disabled by config (enabled = false)")
     stock_bytes = stock_buffer_bytes(l2)
+    measured = False
     if fork_function() is not None:
         print("seam: the fork's b12x.comm.pcie.use_startup_eviction (formula buffer)")
     else:
@@ -63,8 +64,8 @@ def run_check(args: argparse.Namespace, profile: DeviceProfile, device: torch.de
             extra = f"; {len(proof.bindings)} extra bindings redirected" if proof.bindings else ""
             print(f"seam: installs (stock b12x's _l2_flush_fn{extra})")
             stock = measure_stock_buffer(proof.original, device, l2)
-            stock_bytes = stock.nbytes
-    how = "measured" if device.type == "cuda" and not reasons else "formula max(2 x L2, 64 MiB)"
+            stock_bytes, measured = stock.nbytes, stock.measured
+    how = "measured" if measured else "formula max(2 x L2, 64 MiB)"
     print(f"stock buffer per race job: {stock_bytes:,} bytes ({how})")
     window = settings.window_bytes(l2)
     print(f"window: {window:,} bytes ({settings.window})")

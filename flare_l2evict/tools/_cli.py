@@ -17,16 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import L2EvictError
 from .._units import GiB, MiB
+from ._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
 
 if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any tool
     import torch
 
-    from .reference_host import DeviceProfile, StartupResult
+    from .reference_host import StartupResult
 
-# Mirrors reference_host._profiles without importing it (and torch) before parsing.
-PROFILE_NAMES = ("gb202", "h100", "h200")
-DEFAULT_PROFILE = "gb202"
-DEFAULT_KV_BYTES_PER_TOKEN = 948
 
 # Upper bounds that refuse a typo before it costs minutes or terabytes.
 LIMITS = {
@@ -91,7 +88,7 @@ def _device(text: str) -> torch.device:
 def _add_profile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
-        choices=PROFILE_NAMES,
+        choices=sorted(PROFILES),
         default=DEFAULT_PROFILE,
         help=f"device to stand in for on a CPU (default {DEFAULT_PROFILE}, the seed's machine)",
     )
@@ -111,8 +108,6 @@ def _add_profile_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _profile(args: argparse.Namespace) -> DeviceProfile:
-    from .reference_host import PROFILES
-
     profile = PROFILES[args.profile]
     if args.l2_mib:
         profile = replace(profile, l2_cache_bytes=args.l2_mib * MiB)
@@ -267,10 +262,6 @@ def _startup(args: argparse.Namespace) -> int:
         settings_from_config(config)  # a bad section stops here, with its one-line message
     profile = _profile(args)
     device = _device(args.device)
-    if args.checkpoint is not None and not args.checkpoint.is_file():
-        from .reference_host import load_checkpoint
-
-        load_checkpoint(args.checkpoint, device)  # raises its one-line CheckpointError
     import torch
 
     l2 = (

@@ -6,6 +6,7 @@ safetensors checkpoint on a device, the start-up hooks, b12x race jobs, and a
 KV allocator that sizes the cache from what the plugins report.
 """
 
+from .._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
 from ._checkpoint import load_checkpoint
 from ._example import example_tensors, write_example_checkpoint, write_sparse_index
 from ._host import (
@@ -16,7 +17,6 @@ from ._host import (
     installed_plugins,
     plugin_manager,
 )
-from ._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
 
 __all__ = [
     "DEFAULT_KV_BYTES_PER_TOKEN",

@@ -24,8 +24,8 @@ from ..._eviction import OWN_BYTES
 from ..._report import ReclaimReport, StartupAudit
 from ..._window import stock_buffer_bytes
 from ...hookspec import ENTRY_POINT_GROUP, PROJECT_NAME, FlareStartupSpec
+from .._profiles import DeviceProfile
 from ._checkpoint import load_checkpoint
-from ._profiles import DeviceProfile
 
 log = logging.getLogger("flare_l2evict.tools.reference_host")
 

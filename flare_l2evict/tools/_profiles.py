@@ -1,10 +1,10 @@
-"""Named devices the reference host can stand in for on a CPU."""
+"""Named devices the reference host can stand in for on a CPU; torch-free, for the CLI."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..._units import GiB, MiB
+from .._units import GiB, MiB
 
 
 @dataclass(frozen=True)
