@@ -39,6 +39,8 @@ _EXPORTS: dict[str, str] = {
     "SourceError": "_errors",
     "WeightEviction": "_eviction",
     "EVICTION_OWN_BYTES": "_eviction",
+    "OWN_BYTES": "_eviction",
+    "READ_KERNEL_BYTES": "_eviction",
     "read_bytes_for": "_eviction",
     "Installation": "_install",
     "active_installation": "_install",
@@ -66,6 +68,8 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "EVICTION_OWN_BYTES",
+    "OWN_BYTES",
+    "READ_KERNEL_BYTES",
     "Agreement",
     "CheckpointError",
     "ConfigError",
@@ -136,7 +140,13 @@ if TYPE_CHECKING:
         RuntimeContractError,
         SourceError,
     )
-    from ._eviction import EVICTION_OWN_BYTES, WeightEviction, read_bytes_for
+    from ._eviction import (
+        EVICTION_OWN_BYTES,
+        OWN_BYTES,
+        READ_KERNEL_BYTES,
+        WeightEviction,
+        read_bytes_for,
+    )
     from ._install import Installation, active_installation, install, restore
     from ._report import DeviceAudit, ReclaimReport, SourceRead, StartupAudit
     from ._runtime import RuntimeFacts, read_runtime

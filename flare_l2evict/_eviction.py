@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 
+from ._read_kernel import triton_reads
 from ._source import SourceChoice
 
 log = logging.getLogger("flare_l2evict.eviction")
@@ -21,9 +23,20 @@ _BLOCK = 512  # allocation granularity of torch's CUDA caching allocator
 EVICTION_OWN_BYTES = -(-_ROWS * _ELEMENT // _BLOCK) * _BLOCK + _BLOCK
 """Device bytes one eviction allocates for its outputs (rounded up to allocator blocks).
 
-The credit subtracts them (once per process), so it stays a lower bound of the saving.
+They are what the eviction holds in torch's allocator, in place of stock's buffers.
 """
-OWN_BYTES = EVICTION_OWN_BYTES
+READ_KERNEL_BYTES = 2 << 20
+"""Device memory charged for the read kernel's code: one 2 MiB driver page.
+
+Loading a kernel module takes device memory outside torch's allocator; the GPU
+test measures the Triton read's load with ``cudaMemGetInfo`` and checks it
+stays within this. Charged whichever kernel runs (torch's reduction is loaded
+lazily too), so the credit does not depend on whether Triton loaded.
+"""
+OWN_BYTES = EVICTION_OWN_BYTES + READ_KERNEL_BYTES
+"""What the credit subtracts, once per process: the outputs and the kernel's code."""
+
+Kernel = Literal["auto", "torch"]
 
 
 def read_bytes_for(storage_bytes: Sequence[int], window_bytes: int) -> int:
@@ -53,6 +66,10 @@ class WeightEviction:
     * the only memory written is a small float32 output (``_ROWS`` partial
       sums and one scalar) owned by this object, so calls from several race
       jobs may interleave;
+    * on CUDA the read is the Triton kernel of :mod:`._read_kernel`, compiled
+      and run once here (in the hook, before any race); where Triton cannot
+      load it is torch's row reduction, and :attr:`kernel` says which
+      (``kernel="torch"`` asks for the reduction);
     * the reads cover ``window_bytes`` (rounded down to whole float32 words),
       taken from the end of each storage, largest storage first;
     * while installed it holds the storages, so they cannot be freed underneath
@@ -66,6 +83,7 @@ class WeightEviction:
         choice: SourceChoice,
         *,
         fallback: Callable[[], Callable[[], None] | None] | None = None,
+        kernel: Kernel = "auto",
     ) -> None:
         self.window_bytes = choice.window_bytes
         self.device = choice.device
@@ -96,6 +114,16 @@ class WeightEviction:
             self._needed.append((source.storage, elements * _ELEMENT))
             remaining -= count
         self.read_bytes = sum(v.numel() for v in self._views) * _ELEMENT
+        self._launches: list[Callable[[], None]] = []
+        self.kernel: Literal["triton", "torch"] = "torch"
+        self.kernel_note = "asked for torch's reduction" if kernel == "torch" else ""
+        if kernel == "auto" and self._views:
+            launches, why = triton_reads(self._views, self._partial)
+            if launches is None:
+                self.kernel_note = why
+                log.debug("flare_l2evict: %s; the eviction reads with torch's reduction", why)
+            else:
+                self._launches, self.kernel = launches, "triton"
 
     def views(self) -> tuple[torch.Tensor, ...]:
         """The 1-d float32 views read, one per storage, largest first (empty once released)."""
@@ -110,8 +138,11 @@ class WeightEviction:
 
     def __call__(self) -> None:
         if self._fallback is None and self._intact():
-            for source, out in self._reads:
-                torch.sum(source, dim=-1, out=out)
+            for launch in self._launches:
+                launch()
+            if not self._launches:
+                for source, out in self._reads:
+                    torch.sum(source, dim=-1, out=out)
             return
         self._stock()()
 
@@ -138,11 +169,12 @@ class WeightEviction:
         """Drop every reference to the weights. Idempotent."""
         self._views = []
         self._reads = []
+        self._launches = []  # they hold views of the weights too
         self._needed = []
 
     def __repr__(self) -> str:
         state = "released" if self.released else f"{self.read_bytes:,} bytes"
-        return f"WeightEviction({self.source_name!r} on {self.device}, {state})"
+        return f"WeightEviction({self.source_name!r} on {self.device}, {state}, {self.kernel})"
 
 
 def _no_eviction() -> None:

@@ -43,9 +43,9 @@ class Installation:
     """Weights read in b12x's races on one device; :meth:`restore` puts stock back.
 
     Public surface: :attr:`mechanism`, :attr:`device`, :attr:`source_name`,
-    :attr:`sources`, :attr:`read_bytes`, :attr:`window_bytes`, :meth:`views` (what
-    is read), :attr:`credited_bytes` (set by the start-up once the credit is known),
-    :meth:`audit` and :meth:`restore`.
+    :attr:`sources`, :attr:`read_bytes`, :attr:`window_bytes`, :attr:`read_kernel`,
+    :meth:`views` (what is read), :attr:`credited_bytes` (set by the start-up once
+    the credit is known), :meth:`audit` and :meth:`restore`.
     """
 
     def __init__(
@@ -62,6 +62,7 @@ class Installation:
         self.sources = sources
         self.read_bytes = eviction.read_bytes
         self.window_bytes = eviction.window_bytes
+        self.read_kernel = eviction.kernel
         self.credited_bytes = 0
         self._eviction = eviction
         self._undo = undo

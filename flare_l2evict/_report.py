@@ -41,6 +41,9 @@ class ReclaimReport(BaseModel):
     source_storage_bytes: NonNegativeInt = 0
     sources: tuple[SourceRead, ...] = ()
     window_bytes: NonNegativeInt = 0
+    read_kernel: Literal["triton", "torch"] | None = Field(
+        default=None, description="What reads the window: the Triton kernel, or torch's reduction."
+    )
     stock_buffer_bytes: NonNegativeInt = 0
     race_jobs: NonNegativeInt = 0
     reason: str | None = None
@@ -65,7 +68,8 @@ class ReclaimReport(BaseModel):
         return (
             f"reclaimed {self.reclaimed_bytes:,} bytes on {self.device} (rank {self.rank}) "
             f"via {self.mechanism}: races read {self.source_tensor!r} "
-            f"({self.source_storage_bytes:,}-byte storage, {self.window_bytes:,}-byte window) "
+            f"({self.source_storage_bytes:,}-byte storage, {self.window_bytes:,}-byte window, "
+            f"{self.read_kernel} read) "
             f"instead of {self.race_jobs} x {self.stock_buffer_bytes:,}-byte buffers"
         )
 

@@ -159,6 +159,7 @@ class L2EvictStartup:
                 "source_tensor": installation.source_name,
                 "source_storage_bytes": sum(read.storage_bytes for read in installation.sources),
                 "sources": installation.sources,
+                "read_kernel": installation.read_kernel,
             }
         return ReclaimReport(
             device=where.device,

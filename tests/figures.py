@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from flare_l2evict import EVICTION_OWN_BYTES as OWN
+from flare_l2evict import EVICTION_OWN_BYTES as OUTPUTS
+from flare_l2evict import OWN_BYTES as OWN
 from flare_l2evict._units import GiB, MiB
 from flare_l2evict.tools.reference_host import DEFAULT_KV_BYTES_PER_TOKEN as KV_BYTES_PER_TOKEN
 
-__all__ = ["KV_BYTES_PER_TOKEN", "OWN", "GiB", "MiB"]
+# OUTPUTS: what the eviction holds in torch's allocator (its outputs).
+# OWN: what the credit subtracts once per process (outputs + the read kernel's code).
+__all__ = ["KV_BYTES_PER_TOKEN", "OUTPUTS", "OWN", "GiB", "MiB"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from figures import OWN, MiB
+from figures import OUTPUTS, OWN, MiB
 
 from flare_l2evict.tools._cli import main
 
@@ -27,11 +27,11 @@ def test_demo_prints_the_side_by_side_table(
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
         code, out, _ = run(capsys, "startup", "--plugin", "l2evict", "--profile", "h100")
     assert code == 0
-    assert (
-        "L2 eviction storage" in out and "5 x 100 MiB" in out and "33,280 B (reads weights)" in out
-    )
-    assert "Reclaimed (report)" in out and "524,254,720 B" in out
-    assert "flare_l2evict: reclaimed 524,254,720 bytes on cpu" in caplog.text
+    assert "L2 eviction storage" in out and "5 x 100 MiB" in out
+    assert f"{OUTPUTS:,} B (reads weights)" in out
+    reclaimed = 5 * 100 * MiB - OWN
+    assert "Reclaimed (report)" in out and f"{reclaimed:,} B" in out
+    assert f"flare_l2evict: reclaimed {reclaimed:,} bytes on cpu" in caplog.text
 
 
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from figures import KV_BYTES_PER_TOKEN as KV
-from figures import OWN, MiB
+from figures import OUTPUTS, MiB
 
 import flare_l2evict
 from flare_l2evict import WeightEviction, choose_source, install, stock_window_bytes
@@ -216,7 +216,7 @@ def test_reference_host_bytes_are_true(device, l2, cute_guard_stand_in) -> None:
     saved = stock.race_peak_bytes - plugin.race_peak_bytes  # the plugin's own bytes included
     assert saved >= report.reclaimed_bytes  # never over-reported
     assert saved - report.reclaimed_bytes <= 64 * KiB * jobs
-    assert plugin.eviction_storage_bytes == OWN  # its own outputs, nothing per job
+    assert plugin.eviction_storage_bytes == OUTPUTS  # its own outputs, nothing per job
     assert stock.eviction_storage_bytes >= report.reclaimed_bytes
     assert stock.race_winners == plugin.race_winners == (0,) * jobs
     audit = plugin.audit

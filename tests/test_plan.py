@@ -144,4 +144,5 @@ def test_table_output(capsys: pytest.CaptureFixture[str], write_checkpoint) -> N
     path = write_checkpoint({"w": torch.zeros(32 * MiB)})
     assert main(["plan", str(path), "--l2-mib", "16"]) == 0
     out = capsys.readouterr().out
-    assert "rank  tensor" in out and "agreed across ranks (minimum): 335,511,040 bytes" in out
+    assert "rank  tensor" in out
+    assert f"agreed across ranks (minimum): {5 * 64 * MiB - OWN:,} bytes" in out

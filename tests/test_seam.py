@@ -51,7 +51,7 @@ def test_stock_shaped_fake_is_served_and_credited_exactly(
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2))
     report, saved, evictions, audit = start(make_runtime, weights)
     assert all(isinstance(e, WeightEviction) for e in evictions)
-    assert report.reclaimed_bytes == saved - flare_l2evict.EVICTION_OWN_BYTES
+    assert report.reclaimed_bytes == saved - flare_l2evict.OWN_BYTES
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
 
 

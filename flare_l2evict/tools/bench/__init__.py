@@ -3,7 +3,7 @@
 Figures only: nothing here asserts a timing.
 """
 
-from ._hook_cost import choice_times
+from ._hook_cost import choice_times, first_call_times
 from ._probe import Probe, ProbeTimes, compare, time_after, time_call
 from ._synthetic import synthetic_checkpoint
 
@@ -12,6 +12,7 @@ __all__ = [
     "ProbeTimes",
     "choice_times",
     "compare",
+    "first_call_times",
     "synthetic_checkpoint",
     "time_after",
     "time_call",

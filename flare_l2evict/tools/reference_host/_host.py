@@ -20,7 +20,7 @@ import pluggy
 import torch
 
 from ..._errors import L2EvictError, PluginNotFoundError
-from ..._eviction import OWN_BYTES
+from ..._eviction import EVICTION_OWN_BYTES
 from ..._report import ReclaimReport, StartupAudit
 from ..._window import stock_buffer_bytes
 from ...hookspec import ENTRY_POINT_GROUP, PROJECT_NAME, FlareStartupSpec
@@ -269,7 +269,7 @@ class ReferenceHost:
                 evictions.append(eviction)
             modelled = sum(stock_buffer_bytes(l2) for e in evictions if not _reads_weights(e))
             if any(map(_reads_weights, evictions)):
-                modelled += OWN_BYTES  # the plugin's own outputs, once per process
+                modelled += EVICTION_OWN_BYTES  # the plugin's own outputs, once per process
             return _RaceJobs(modelled, False, tuple(map(repr, evictions)))
         from ._races import cute_guard, gemm_candidates, run_race
 
