@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 
-from flare_l2evict.tools._cli import main as cli
+from flare_l2evict.tools import main as cli
 from flare_l2evict.tools.reference_host import write_sparse_index
 
 

@@ -16,14 +16,12 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, '| b12x', m.version('b12x'))" | tee -a "$OUT/gpu.txt"
 
-python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu-tests.log"
+python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py tests/test_tp_nccl.py 2>&1 | tee "$OUT/gpu-tests.log"
 tests=${PIPESTATUS[0]}
 python3 -m flare_l2evict startup --device cuda:0 --plugin l2evict --profile h200 2>&1 | tee "$OUT/startup.log"
 startup=${PIPESTATUS[0]}
 python3 -m flare_l2evict check --device cuda:0 --profile h200 2>&1 | tee "$OUT/check.log"
 check=${PIPESTATUS[0]}
-python3 benchmarks/tp_nccl.py 2>&1 | grep -v "^INFO \|^WARNING flare" | tee "$OUT/tp.log"
-tp=${PIPESTATUS[0]}
 bench=0
 if [[ " $* " == *" --bench "* ]]; then
     python3 -m flare_l2evict bench --device cuda:0 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
@@ -32,11 +30,11 @@ fi
 
 echo
 echo "== GPU suite: $(head -1 "$OUT/gpu.txt")"
-grep -E "^(probe after|eviction storage|race peak|stock )" "$OUT/gpu-tests.log" || true
+grep -E "^(probe after|eviction storage|race peak|stock |read kernel|kernel=)" "$OUT/gpu-tests.log" || true
+grep -A 3 "over NCCL" "$OUT/gpu-tests.log" || true
 tail -1 "$OUT/gpu-tests.log"
 grep -E "^(L2 eviction storage|KV tokens|Race|l2evict audit)" "$OUT/startup.log" || true
 grep -E "^(stock buffer|verdict)" "$OUT/check.log" || true
-tail -n 4 "$OUT/tp.log"
 if [[ -f "$OUT/bench.log" ]]; then tail -n 18 "$OUT/bench.log"; fi
-echo "exit codes: tests=$tests startup=$startup check=$check tp=$tp bench=$bench"
-exit $(( tests || startup || check || tp || bench ))
+echo "exit codes: tests=$tests startup=$startup check=$check bench=$bench"
+exit $(( tests || startup || check || bench ))

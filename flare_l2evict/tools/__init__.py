@@ -5,4 +5,18 @@ safetensors header reader, the reference host (a test and demo harness, not a
 server) and the GPU bench live here. The runtime modules beside this package
 (``flare_l2evict._*``, :mod:`flare_l2evict.plugin`, :mod:`flare_l2evict.hookspec`)
 import nothing from it.
+
+Public entry points: :func:`main` (the ``flare-l2evict`` command, callable with
+an argument list) and :mod:`flare_l2evict.tools.bench` (the measurements).
 """
+
+from __future__ import annotations
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``flare-l2evict`` with ``argv`` (default: ``sys.argv[1:]``); returns its exit code."""
+    from ._cli import main as cli
+
+    return cli(argv)

@@ -33,7 +33,8 @@ LIMITS = {
     "--kv-bytes-per-token": 1 << 24,
     "--tp": 1024,
     "--repetitions": 100_000,
-    "--races": 20,
+    "--races": 36,
+    "--repeats": 20,
 }
 
 
@@ -194,9 +195,18 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=Path("bench-out"), help="bench.json, efficacy.png"
     )
     bench.add_argument(
-        "--repetitions", type=_bounded("--repetitions"), default=480, help="probe samples per point"
+        "--repetitions",
+        type=_bounded("--repetitions"),
+        default=240,
+        help="probe samples per point and repeat",
     )
-    bench.add_argument("--races", type=_bounded("--races"), default=20, help="races (at most 20)")
+    bench.add_argument("--races", type=_bounded("--races"), default=36, help="races (at most 36)")
+    bench.add_argument(
+        "--repeats",
+        type=_bounded("--repeats"),
+        default=3,
+        help="interleaved repeats of each figure (the spread is their range)",
+    )
     bench.add_argument("--json", action="store_true", help="print the full JSON instead of a table")
     return parser
 
@@ -384,6 +394,7 @@ def _bench(args: argparse.Namespace) -> int:
         args.out,
         repetitions=args.repetitions,
         races=args.races,
+        repeats=args.repeats,
         log=lambda line: print(line, file=sys.stderr),
     )
     if args.json:

@@ -21,7 +21,7 @@ from ..._eviction import WeightEviction
 from ..._install import install, restore
 from ..._source import SourceChoice, choose_source
 from ..._window import stock_window_bytes
-from ._hook_cost import choice_times
+from ._hook_cost import first_call_times
 from ._probe import Probe, ProbeTimes, compare, time_call
 
 MiB = 1 << 20
@@ -62,11 +62,21 @@ def _allocated(make: Callable[[], Callable[[], None]], device: torch.device) -> 
     return {"held_bytes": held, "peak_bytes": peak}
 
 
-def _normalized(t: ProbeTimes, warm: ProbeTimes, cold: ProbeTimes) -> tuple[float, float]:
-    """(efficacy, its noise): 0 = warm, 1 = cold after a 1 GiB read; trimmed means."""
+def _normalized(t: ProbeTimes, warm: ProbeTimes, cold: ProbeTimes) -> float:
+    """Coldness: 0 = warm, 1 = cold after a 1 GiB read; trimmed means."""
     span = cold.trimmed_mean - warm.trimmed_mean
-    error = (t.stderr**2 + warm.stderr**2) ** 0.5
-    return (t.trimmed_mean - warm.trimmed_mean) / span, error / span
+    return (t.trimmed_mean - warm.trimmed_mean) / span
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    """Median and range of one figure over the repeats of this run."""
+    return {
+        "values": values,
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "range": max(values) - min(values),
+    }
 
 
 def _efficacy(
@@ -76,66 +86,89 @@ def _efficacy(
     factors: list[float],
     repetitions: int,
     rounds: int,
+    repeats: int,
     log: Any,
 ) -> dict[str, Any]:
+    """Coldness per probe and window, ``repeats`` times, interleaved (repeat-major)."""
     cold = _gib_read(device)
-
+    probes = {fraction: Probe(int(l2 * fraction) // 4 * 4, device) for fraction in PROBE_FRACTIONS}
+    evictions: dict[str, Callable[[], None]] = {}
+    for factor in factors:
+        nbytes = int(l2 * factor) // 4 * 4
+        evictions[f"stock@{factor}"] = _stock_method(nbytes, device)
+        evictions[f"plugin@{factor}"] = _plugin_at(weights, nbytes)
+    seen: dict[str, dict[str, list[float]]] = {str(f): {} for f in PROBE_FRACTIONS}
+    probe_us: dict[str, dict[str, list[float]]] = {
+        str(f): {"warm": [], "cold": []} for f in PROBE_FRACTIONS
+    }
+    for repeat in range(repeats):
+        for fraction, probe in probes.items():
+            conditions: dict[str, Callable[[], None]] = {"warm": probe, "cold": cold, **evictions}
+            times = compare(
+                conditions, probe, repetitions=repetitions, rounds=rounds, device=device
+            )
+            warm, hot = times["warm"], times["cold"]
+            probe_us[str(fraction)]["warm"].append(warm.trimmed_mean)
+            probe_us[str(fraction)]["cold"].append(hot.trimmed_mean)
+            for name in evictions:
+                seen[str(fraction)].setdefault(name, []).append(_normalized(times[name], warm, hot))
+        log(f"efficacy repeat {repeat + 1}/{repeats} done")
     curves: dict[str, Any] = {}
     for fraction in PROBE_FRACTIONS:
-        probe = Probe(int(l2 * fraction) // 4 * 4, device)
-        conditions: dict[str, Callable[[], None]] = {"warm": probe, "cold": cold}
-        for factor in factors:
-            nbytes = int(l2 * factor) // 4 * 4
-            conditions[f"stock@{factor}"] = _stock_method(nbytes, device)
-            conditions[f"plugin@{factor}"] = _plugin_at(weights, nbytes)
-        times = compare(conditions, probe, repetitions=repetitions, rounds=rounds, device=device)
-        warm, hot = times["warm"], times["cold"]
         rows = {}
         for factor in factors:
-            stock, stock_noise = _normalized(times[f"stock@{factor}"], warm, hot)
-            plugin, plugin_noise = _normalized(times[f"plugin@{factor}"], warm, hot)
+            stock = _spread(seen[str(fraction)][f"stock@{factor}"])
+            plugin = _spread(seen[str(fraction)][f"plugin@{factor}"])
+            spread = max(stock["range"], plugin["range"])
             rows[str(factor)] = {
                 "stock": stock,
                 "plugin": plugin,
-                "noise": max(stock_noise, plugin_noise),
+                "spread": spread,
+                "within_spread": abs(plugin["median"] - stock["median"]) <= spread,
             }
         curves[str(fraction)] = {
-            "probe_bytes": probe.nbytes,
-            "warm_us": warm.trimmed_mean,
-            "cold_us": hot.trimmed_mean,
+            "probe_bytes": probes[fraction].nbytes,
+            "warm_us": _spread(probe_us[str(fraction)]["warm"]),
+            "cold_us": _spread(probe_us[str(fraction)]["cold"]),
             "windows": rows,
         }
-        log(
-            f"efficacy, probe {fraction} x L2: warm {warm.trimmed_mean:.2f} us, "
-            f"cold {hot.trimmed_mean:.2f} us"
-        )
-        del conditions, times
-        torch.cuda.empty_cache()
+    del evictions
+    torch.cuda.empty_cache()
     return curves
 
 
 def _calibrated_factor(
     curves: dict[str, Any], factors: list[float], default: float
 ) -> float | None:
-    """Smallest window whose plugin efficacy is within 0.02 of stock's default, every probe."""
+    """Smallest window as cold as stock's default, within the spread, for every probe."""
     for factor in factors:
         if all(
-            c["windows"][str(factor)]["plugin"] >= c["windows"][str(default)]["stock"] - 0.02
+            c["windows"][str(factor)]["plugin"]["median"]
+            >= c["windows"][str(default)]["stock"]["median"]
+            - max(c["windows"][str(factor)]["spread"], c["windows"][str(default)]["spread"])
             for c in curves.values()
         ):
             return factor
     return None
 
 
+WAYS = ("stock_a", "plugin", "none", "stock_b")
+
+
 def _races(
     device: torch.device,
     weights: torch.Tensor,
     window: int,
-    calibrated: int | None,
     count: int,
+    repeats: int,
     log: Any,
 ) -> dict[str, Any]:
-    from ..reference_host._races import cute_guard, run_race
+    """Each race four ways, ``repeats`` times: stock, plugin, no eviction, stock again.
+
+    The ways rotate between repeats so that drift is shared. Regret is what a
+    way's winner costs under stock's timings of the same repeat.
+    """
+    from ..reference_host import cute_guard, run_race
     from ._triton_gemm import SHAPES, gemm_race
 
     calls_seen = [0]
@@ -143,57 +176,91 @@ def _races(
     def no_eviction() -> None:
         calls_seen[0] += 1
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     with cute_guard() as stand_in:
         for m, n, k in SHAPES[:count]:
             calls = gemm_race(m, n, k, device)
-            latencies: dict[str, tuple[float, ...]] = {}
-            order = ["stock_a", "plugin", "none", "stock_b"] + (
-                ["calibrated"] if calibrated else []
-            )
-            for way in order:
-                if way in ("plugin", "calibrated"):
-                    nbytes = window if way == "plugin" or calibrated is None else calibrated
-                    install(_choice_at(weights, nbytes))
-                try:
-                    eviction = no_eviction if way == "none" else None  # None: b12x's own lookup
-                    latencies[way] = run_race(calls, device, eviction).latencies_us
-                finally:
-                    restore()
-            base = latencies["stock_a"]
-            best = min(base)
-            row: dict[str, Any] = {"shape": [m, n, k], "latencies_us": latencies}
-            for way, values in latencies.items():
-                chosen = min(range(len(values)), key=values.__getitem__)
-                row[f"{way}_winner"] = chosen
-                row[f"{way}_regret"] = base[chosen] / best - 1
-            rows.append(row)
-            log(
-                f"race {m}x{n}x{k}: winners "
-                + ", ".join(f"{w}={row[f'{w}_winner']}" for w in order)
-            )
+            repeats_seen: list[dict[str, tuple[float, ...]]] = []
+            for repeat in range(repeats):
+                order = WAYS[repeat % len(WAYS) :] + WAYS[: repeat % len(WAYS)]
+                latencies: dict[str, tuple[float, ...]] = {}
+                for way in order:
+                    if way == "plugin":
+                        install(_choice_at(weights, window))
+                    try:
+                        eviction = no_eviction if way == "none" else None  # None: b12x's lookup
+                        latencies[way] = run_race(calls, device, eviction).latencies_us
+                    finally:
+                        restore()
+                repeats_seen.append(latencies)
+            rows.append({"shape": [m, n, k], "repeats": repeats_seen})
+            winners = [",".join(f"{w}={_winner(r[w])}" for w in WAYS) for r in repeats_seen]
+            log(f"race {m}x{n}x{k}: winners " + " | ".join(winners))
             del calls
-    ways = [w for w in ("plugin", "stock_b", "none", "calibrated") if f"{w}_winner" in rows[0]]
-
-    def best_ratio(row: dict[str, Any], way: str) -> float:
-        return float(min(row["latencies_us"][way]) / min(row["latencies_us"]["stock_a"]))
-
-    summary = {
-        way: {
-            "agree_with_stock_a": sum(r[f"{way}_winner"] == r["stock_a_winner"] for r in rows),
-            "mean_regret": statistics.fmean(r[f"{way}_regret"] for r in rows),
-            "max_regret": max(r[f"{way}_regret"] for r in rows),
-            # What eviction is for: without it the winner's latency is measured warm.
-            "mean_best_latency_ratio": statistics.fmean(best_ratio(r, way) for r in rows),
-            "min_best_latency_ratio": min(best_ratio(r, way) for r in rows),
+    summary = {}
+    for way in WAYS[1:]:
+        agree: list[int] = []
+        regrets: list[float] = []
+        ratios: list[float] = []
+        for repeat in range(repeats):
+            agreed = 0
+            for row in rows:
+                seen = row["repeats"][repeat]
+                base = seen["stock_a"]
+                chosen = _winner(seen[way])
+                agreed += chosen == _winner(base)
+                regrets.append(base[chosen] / min(base) - 1)
+                # What eviction is for: without it the winner's latency is measured warm.
+                ratios.append(min(seen[way]) / min(base))
+            agree.append(agreed)
+        summary[way] = {
+            "agree_with_stock_per_repeat": agree,
+            "mean_regret": statistics.fmean(regrets),
+            "max_regret": max(regrets),
+            "mean_best_latency_ratio": statistics.fmean(ratios),
+            "min_best_latency_ratio": min(ratios),
         }
-        for way in ways
-    }
     return {
         "races": rows,
         "summary": summary,
-        "evictions_per_session": calls_seen[0],
+        "repeats": repeats,
+        "evictions_per_session": calls_seen[0] // repeats,
         "cute_guard_stand_in": stand_in,
+    }
+
+
+def _winner(latencies: tuple[float, ...]) -> int:
+    return min(range(len(latencies)), key=latencies.__getitem__)
+
+
+def _cost(device: torch.device, weights: torch.Tensor, window: int, repeats: int) -> dict[str, Any]:
+    """Time per eviction at the stock window against the HBM floor, ``repeats`` times."""
+    read = _gib_read(device)
+    methods: dict[str, Callable[[], None]] = {
+        "stock": _stock_method(window, device),
+        "plugin": _plugin_at(weights, window),
+        "plugin_torch": WeightEviction(_choice_at(weights, window), kernel="torch"),
+    }
+    kernel = getattr(methods["plugin"], "kernel", "torch")
+    figures: dict[str, list[float]] = {name: [] for name in ("floor", *methods)}
+    bandwidths = []
+    for _ in range(repeats):
+        bandwidth = _GIB / (time_call(read, repetitions=64, device=device).median * 1e-6)
+        bandwidths.append(bandwidth)
+        figures["floor"].append(window / bandwidth * 1e6)
+        for name, method in methods.items():
+            figures[name].append(time_call(method, repetitions=128, device=device).median)
+    over = {
+        name: _spread([t / f for t, f in zip(figures[name], figures["floor"], strict=True)])
+        for name in methods
+    }
+    del methods
+    torch.cuda.empty_cache()
+    return {
+        "plugin_kernel": kernel,
+        "hbm_read_bytes_per_s": statistics.median(bandwidths),
+        "us": {name: _spread(values) for name, values in figures.items()},
+        "over_floor": over,
     }
 
 
@@ -201,9 +268,10 @@ def run_bench(
     device: torch.device,
     out_dir: Path,
     *,
-    repetitions: int = 480,
-    rounds: int = 8,
-    races: int = 20,
+    repetitions: int = 240,
+    rounds: int = 6,
+    races: int = 36,
+    repeats: int = 3,
     log: Any = print,
 ) -> dict[str, Any]:
     """Run every section; write ``bench.json`` (and ``efficacy.png`` with matplotlib)."""
@@ -218,6 +286,7 @@ def run_bench(
         "torch": torch.__version__,
         "b12x": importlib.metadata.version("b12x") if _has_dist("b12x") else "bundled",
         "stock_window_bytes": window,
+        "repeats": repeats,
     }
     log(f"bench on {properties.name}: L2 {l2 / MiB:.0f} MiB, stock window {window / MiB:.0f} MiB")
 
@@ -232,55 +301,37 @@ def run_bench(
         )
     finally:
         restore()
-    plugin = _plugin_at(weights, window)
 
-    # 3. Cost at the default window against the HBM read floor, measured here.
-    bandwidth = _hbm_read_bandwidth(device)
-    stock_flush = _stock_method(window, device)
-    stock_t = time_call(stock_flush, repetitions=128, device=device)
-    plugin_t = time_call(plugin, repetitions=128, device=device)
-    floor_us = window / bandwidth * 1e6
-    result["cost"] = {
-        "hbm_read_bytes_per_s": bandwidth,
-        "floor_us": floor_us,
-        "stock_us": stock_t.median,
-        "plugin_us": plugin_t.median,
-        "plugin_over_floor": plugin_t.median / floor_us,
-        "stock_over_floor": stock_t.median / floor_us,
-    }
-    del stock_flush
-    torch.cuda.empty_cache()
+    # 3. Cost at the default window against the HBM read floor measured here.
+    result["cost"] = _cost(device, weights, window, repeats)
+    log("cost done")
 
     # 2 and 5. Efficacy curves; the smallest window that evicts as well as stock.
     default = round(window / l2, 4)
     factors = sorted({*WINDOW_FACTORS, default})
-    curves = _efficacy(device, l2, weights, factors, repetitions, rounds, log)
+    curves = _efficacy(device, l2, weights, factors, repetitions, rounds, repeats, log)
     result["efficacy"] = curves
     result["default_factor"] = default
     factor = _calibrated_factor(curves, factors, default)
-    calibrated = None if factor is None else int(l2 * factor) // 4 * 4
-    result["calibrated"] = {"factor": factor, "window_bytes": calibrated}
-    if calibrated:
-        result["calibrated"]["plugin_us"] = time_call(
-            _plugin_at(weights, calibrated), repetitions=128, device=device
-        ).median
-
-    # 4. Race agreement: stock twice, plugin, no eviction (and the calibrated window).
-    result["races"] = _races(
-        device, weights, window, calibrated if calibrated != window else None, races, log
-    )
-
-    # 7. Start-up cost: evictions of the race session above times each's per-call time.
-    calls = result["races"]["evictions_per_session"]
-    result["startup_cost_ms"] = {
-        "evictions": calls,
-        "stock": calls * stock_t.median / 1e3,
-        "plugin": calls * plugin_t.median / 1e3,
-        "calibrated": None if not calibrated else calls * result["calibrated"]["plugin_us"] / 1e3,
+    result["calibrated"] = {
+        "factor": factor,
+        "window_bytes": None if factor is None else int(l2 * factor) // 4 * 4,
     }
 
-    # 6. Hook cost on the CPU.
-    result["hook_cost"] = choice_times()
+    # 4. Race agreement: stock, plugin, no eviction, stock again; repeated, rotated.
+    result["races"] = _races(device, weights, window, races, repeats, log)
+
+    # 7. Start-up cost: evictions of one race session times each's per-call time.
+    calls = result["races"]["evictions_per_session"]
+    us = result["cost"]["us"]
+    result["startup_cost_ms"] = {
+        "evictions": calls,
+        "stock": calls * us["stock"]["median"] / 1e3,
+        "plugin": calls * us["plugin"]["median"] / 1e3,
+    }
+
+    # 6. Hook cost on the CPU: first call in fresh processes, and warm.
+    result["hook_cost"] = first_call_times()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.json").write_text(json.dumps(result, indent=2, default=str))
@@ -323,13 +374,15 @@ def _plot(curves: dict[str, Any], l2: int, default: float, path: Path) -> str | 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for (fraction, curve), color in zip(curves.items(), ("C0", "C1", "C2"), strict=False):
         factors = [float(f) for f in curve["windows"]]
-        stock = [w["stock"] for w in curve["windows"].values()]
-        plugin = [w["plugin"] for w in curve["windows"].values()]
-        axis.plot(factors, stock, "--o", color=color, label=f"stock, probe {fraction} x L2")
-        axis.plot(factors, plugin, "-s", color=color, label=f"plugin, probe {fraction} x L2")
+        for way, style in (("stock", "--o"), ("plugin", "-s")):
+            medians = [w[way]["median"] for w in curve["windows"].values()]
+            low = [w[way]["min"] for w in curve["windows"].values()]
+            high = [w[way]["max"] for w in curve["windows"].values()]
+            axis.plot(factors, medians, style, color=color, label=f"{way}, probe {fraction} x L2")
+            axis.fill_between(factors, low, high, color=color, alpha=0.12)
     axis.axvline(default, color="grey", linewidth=0.8)
     axis.set_xlabel(f"eviction window (x L2 = {l2 / MiB:.0f} MiB); grey: stock default")
-    axis.set_ylabel("probe coldness (0 warm, 1 after 1 GiB read)")
+    axis.set_ylabel("probe coldness (0 warm, 1 after 1 GiB read); band: range of repeats")
     axis.legend(fontsize=7)
     axis.grid(alpha=0.3)
     figure.tight_layout()
@@ -337,37 +390,48 @@ def _plot(curves: dict[str, Any], l2: int, default: float, path: Path) -> str | 
     return str(path)
 
 
+def _shown(figure: dict[str, Any], digits: int = 3) -> str:
+    return f"{figure['median']:.{digits}f} [{figure['min']:.{digits}f}-{figure['max']:.{digits}f}]"
+
+
 def summary_table(result: dict[str, Any]) -> str:
-    """The short table printed last."""
-    mem, cost, races = result["memory"], result["cost"], result["races"]["summary"]
+    """The short table printed last: medians with [min-max] over the run's repeats."""
+    mem, cost, races = result["memory"], result["cost"], result["races"]
     default = str(result["default_factor"])
+    repeats = result["repeats"]
     lines = [
         f"bench: {result['gpu']}, L2 {result['l2_bytes'] / MiB:.0f} MiB, torch {result['torch']}, "
-        f"b12x {result['b12x']}",
+        f"b12x {result['b12x']}; figures: median [min-max] over {repeats} interleaved repeats",
         f"1 memory per race job (held/peak B): stock {mem['stock']['held_bytes']:,}/"
         f"{mem['stock']['peak_bytes']:,}  plugin {mem['plugin']['held_bytes']:,}/"
         f"{mem['plugin']['peak_bytes']:,}",
     ]
     for fraction, curve in result["efficacy"].items():
         at = curve["windows"][default]
-        worst = min(w["plugin"] - w["stock"] for w in curve["windows"].values())
-        noise = max(w["noise"] for w in curve["windows"].values())
+        inside = sum(w["within_spread"] for w in curve["windows"].values())
         lines.append(
-            f"2 efficacy probe {fraction} x L2 at default window: stock {at['stock']:.3f} "
-            f"plugin {at['plugin']:.3f}; worst plugin-stock over windows {worst:+.3f}; "
-            f"noise <= {noise:.3f}"
+            f"2 coldness, probe {fraction} x L2, default window: stock {_shown(at['stock'])} "
+            f"plugin {_shown(at['plugin'])}; {'within' if at['within_spread'] else 'OUTSIDE'} "
+            f"the spread ({at['spread']:.3f}); "
+            f"windows within spread {inside}/{len(curve['windows'])}"
         )
+    us, over = cost["us"], cost["over_floor"]
     lines.append(
-        f"3 eviction per sample: stock {cost['stock_us']:.1f} us, "
-        f"plugin {cost['plugin_us']:.1f} us, floor {cost['floor_us']:.1f} us "
-        f"(HBM {cost['hbm_read_bytes_per_s'] / 1e12:.2f} TB/s); "
-        f"plugin/floor {cost['plugin_over_floor']:.2f}"
+        f"3 eviction per sample (us): floor {_shown(us['floor'], 1)} "
+        f"(HBM {cost['hbm_read_bytes_per_s'] / 1e12:.2f} TB/s); stock {_shown(us['stock'], 1)}; "
+        f"plugin ({cost['plugin_kernel']}) {_shown(us['plugin'], 1)}; "
+        f"plugin (torch) {_shown(us['plugin_torch'], 1)}"
     )
-    count = len(result["races"]["races"])
-    for way, figures in races.items():
-        agree = figures["agree_with_stock_a"]
+    lines.append(
+        f"3 over floor: stock {_shown(over['stock'], 2)}, plugin {_shown(over['plugin'], 2)}, "
+        f"plugin (torch) {_shown(over['plugin_torch'], 2)}"
+    )
+    count = len(races["races"])
+    names = {"plugin": "plugin", "stock_b": "stock re-run", "none": "no eviction"}
+    for way, figures in races["summary"].items():
+        agree = "/".join(str(a) for a in figures["agree_with_stock_per_repeat"])
         lines.append(
-            f"4 races ({count}) {way:>10}: agrees with stock {agree}/{count}, "
+            f"4 races ({count}) {names[way]:>12}: agrees with stock {agree} of {count}; "
             f"regret mean {figures['mean_regret']:.2%} max {figures['max_regret']:.2%}; "
             f"winner latency vs stock mean {figures['mean_best_latency_ratio'] - 1:+.1%} "
             f"min {figures['min_best_latency_ratio'] - 1:+.1%}"
@@ -375,18 +439,21 @@ def summary_table(result: dict[str, Any]) -> str:
     calibrated = result["calibrated"]
     if calibrated["factor"]:
         lines.append(
-            f"5 calibrated window: {calibrated['factor']} x L2 = {calibrated['window_bytes']:,} B, "
-            f"eviction {calibrated['plugin_us']:.1f} us vs stock {cost['stock_us']:.1f} us"
+            f"5 smallest window as cold as stock's default (within spread): "
+            f"{calibrated['factor']} x L2 = {calibrated['window_bytes']:,} B"
         )
     else:
-        lines.append("5 calibrated window: none of the grid matches stock's default")
+        lines.append("5 no window of the grid is as cold as stock's default within the spread")
     for row in result["hook_cost"]:
+        kind = "fused blocks" if row["largest_is_fused_views"] else "one block"
         lines.append(
-            f"6 source choice (CPU) {row['tensors']:>7,} tensors: {row['median_ms']:.1f} ms"
+            f"6 source choice (CPU) {row['tensors']:>7,} tensors ({kind}): first call "
+            f"{row['first_median_ms']:.1f} ms [{min(row['first_ms']):.1f}-"
+            f"{max(row['first_ms']):.1f}] in fresh processes, warm {row['warm_median_ms']:.1f} ms"
         )
     startup = result["startup_cost_ms"]
-    shown = ", ".join(
-        f"{k} {v:.1f} ms" for k, v in startup.items() if k != "evictions" and v is not None
+    lines.append(
+        f"7 start-up eviction time over {startup['evictions']:,} evictions: "
+        f"stock {startup['stock']:.1f} ms, plugin {startup['plugin']:.1f} ms"
     )
-    lines.append(f"7 start-up eviction time over {startup['evictions']:,} evictions: {shown}")
     return "\n".join(lines)

@@ -17,20 +17,25 @@ from ._host import (
     installed_plugins,
     plugin_manager,
 )
+from ._races import RaceResult, cute_guard, gemm_candidates, run_race
 
 __all__ = [
     "DEFAULT_KV_BYTES_PER_TOKEN",
     "DEFAULT_PROFILE",
     "PROFILES",
     "DeviceProfile",
+    "RaceResult",
     "ReferenceHost",
     "ReferenceKVAllocator",
     "ReferenceRuntime",
     "StartupResult",
+    "cute_guard",
     "example_tensors",
+    "gemm_candidates",
     "installed_plugins",
     "load_checkpoint",
     "plugin_manager",
+    "run_race",
     "write_example_checkpoint",
     "write_sparse_index",
 ]
