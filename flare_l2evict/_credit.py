@@ -31,9 +31,9 @@ def credit(
     * ``0 <= nbytes <= race_jobs * stock_buffer_bytes``;
     * ``nbytes == 0`` unless the eviction is installed and reads at least
       the ``window_bytes`` it claims (``read_bytes >= window_bytes > 0``);
-    * the eviction's own outputs (``own_bytes``, once per process) are
-      subtracted, so the figure is a lower bound of what the races stop
-      allocating.
+    * the eviction's own outputs and its read kernel's code (``own_bytes``,
+      once per process) are subtracted, so the figure is a lower bound of what
+      the races stop allocating.
 
     ``stock_buffer_bytes`` must be what stock b12x really allocates per job
     on this device (:func:`~flare_l2evict._seam.measure_stock_buffer`).

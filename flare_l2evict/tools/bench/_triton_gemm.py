@@ -53,16 +53,13 @@ def _kernel() -> Any:
         rn = pid_n * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
+        # K is a multiple of BK in every shape here, so only M and N are masked.
         for k0 in range(0, K, BK):
             a_tile = tl.load(
-                a + rm[:, None] * sam + (k0 + rk)[None, :] * sak,
-                mask=(rm[:, None] < M) & ((k0 + rk)[None, :] < K),
-                other=0.0,
+                a + rm[:, None] * sam + (k0 + rk)[None, :] * sak, mask=rm[:, None] < M, other=0.0
             )
             b_tile = tl.load(
-                b + (k0 + rk)[:, None] * sbk + rn[None, :] * sbn,
-                mask=((k0 + rk)[:, None] < K) & (rn[None, :] < N),
-                other=0.0,
+                b + (k0 + rk)[:, None] * sbk + rn[None, :] * sbn, mask=rn[None, :] < N, other=0.0
             )
             acc += tl.dot(a_tile, b_tile)
         tl.store(
@@ -84,6 +81,8 @@ def gemm_race(m: int, n: int, k: int, device: torch.device) -> list[Any]:
     import triton
     from b12x.preparation.types import PreparedCall
 
+    if any(k % bk for _, bk, _, _ in CONFIGS):
+        raise ValueError(f"K = {k} must be a multiple of every config's BLOCK_K")
     kernel = _kernel()
     x = torch.empty(m, k, dtype=torch.bfloat16, device=device)
     w = torch.randn(k, n, dtype=torch.bfloat16, device=device) / k**0.5
