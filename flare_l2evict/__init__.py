@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 # marker, as pluggy users expect, rather than to the submodule of that name.
 from .hookspec import FlareRuntime, FlareStartupSpec, KVAllocator, hookimpl, hookspec
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _EXPORTS: dict[str, str] = {
     "Agreement": "_agree",

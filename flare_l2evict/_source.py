@@ -114,6 +114,13 @@ def choose_source(
             "no resident checkpoint tensors; fix: the host must call before_first_capture "
             "after the checkpoint is loaded onto the device"
         )
+    if set(map(type, names)) != {str}:
+        odd = next((n for n in names if not isinstance(n, str)), None)
+        if odd is not None:
+            raise SourceError(
+                f"resident tensor name {odd!r} has type {type(odd).__name__}, not str; "
+                "fix: the host's resident_tensors() must map names (str) to tensors"
+            )
     storages, complete = _storages(names, list(tensors.values()))
     if complete:
         sizes = list(map(_length, storages))  # len(UntypedStorage) is nbytes, and cheaper

@@ -132,3 +132,11 @@ def test_runtime_values_out_of_range_are_one_line(
     report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
     assert report.reclaimed_bytes == 0 and line in report.reason
     assert "\n" not in report.reason
+
+
+def test_a_tensor_name_that_is_not_a_string_is_one_line(make_runtime: Callable) -> None:
+    runtime = make_runtime({7: torch.zeros(64 * MiB // 4)})
+    report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
+    assert report.reclaimed_bytes == 0
+    assert report.reason.startswith("resident tensor name 7 has type int, not str; fix:")
+    assert "\n" not in report.reason and "validation" not in report.reason.lower()

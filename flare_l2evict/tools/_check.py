@@ -104,6 +104,7 @@ def run_check(args: argparse.Namespace, profile: DeviceProfile, device: torch.de
         return 1
     print(
         f"verdict: installs; credit {granted.nbytes:,} bytes "
-        f"({profile.race_jobs} race jobs x {stock_bytes:,} bytes, less the eviction's own outputs and kernel code)"
+        f"({profile.race_jobs} race jobs x {stock_bytes:,} bytes, "
+        "less the eviction's own outputs and kernel code)"
     )
     return 0
