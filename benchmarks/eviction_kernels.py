@@ -1,8 +1,9 @@
 """Which read of a 2 x L2 window is cheapest and evicts best? (GPU; prints figures.)
 
-Compares torch reductions of different shapes and dtypes, and a plain Triton
-read kernel: time per call against a 1 GiB read measured in the same run, and
-the coldness of L2-resident probes (1/8 and 1/2 of L2) right after each.
+Compares torch reductions of different shapes and dtypes, and the plugin's own
+eviction with each of its kernels (the Triton read, torch's row reduction):
+time per call against a 1 GiB read measured in the same run, and the coldness
+of L2-resident probes (1/8 and 1/2 of L2) right after each.
 
     python benchmarks/eviction_kernels.py
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from flare_l2evict import WeightEviction, choose_source
 from flare_l2evict.tools.bench import Probe, compare, time_call
 
 
@@ -43,10 +45,10 @@ def main() -> None:
     from b12x.preparation._measurement import _l2_flush_fn
 
     variants["b12x stock _l2_flush_fn"] = _l2_flush_fn(device, enabled=True)
-    try:
-        variants.update(_triton_variants(tail))
-    except Exception as error:  # Triton is optional here
-        print(f"triton variants skipped: {error}")
+    choice = choose_source({"weights": weights}, device, window)
+    for kernel in ("auto", "torch"):
+        eviction = WeightEviction(choice, kernel=kernel)
+        variants[f"plugin, {eviction.kernel} read"] = eviction
     floor_us = window / floor_bw * 1e6
     print(
         f"window {window / 2**20:.0f} MiB, HBM read {floor_bw / 1e12:.2f} TB/s, "
@@ -70,31 +72,6 @@ def main() -> None:
         t = time_call(call, repetitions=256, device=device)
         shown = ", ".join(f"{c:.3f}" for c in coldness[name])
         print(f"{name:28s} {t.median:7.1f}  {t.median / floor_us:7.2f}  {shown}")
-
-
-def _triton_variants(tail: torch.Tensor) -> dict[str, object]:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def read(x, out, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
-        pid = tl.program_id(0)
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        base = pid * BLOCK * ITERS
-        for i in range(ITERS):
-            offs = base + i * BLOCK + tl.arange(0, BLOCK)
-            acc += tl.load(x + offs, mask=offs < n, other=0.0, cache_modifier=".cg")
-        tl.store(out + pid, tl.sum(acc))
-
-    n = tail.numel()
-    variants = {}
-    for block, iters in ((1024, 8), (2048, 16), (4096, 16)):
-        grid = triton.cdiv(n, block * iters)
-        out = torch.empty(grid, dtype=torch.float32, device=tail.device)
-        variants[f"triton block={block} iters={iters}"] = lambda g=grid, o=out, b=block, it=iters: (
-            read[(g,)](tail, o, n, BLOCK=b, ITERS=it)
-        )
-    return variants
 
 
 if __name__ == "__main__":

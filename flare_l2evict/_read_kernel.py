@@ -19,14 +19,11 @@ Invariants the eviction relies on:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from functools import partial as partial_call
 from typing import Any
 
 import torch
-
-log = logging.getLogger("flare_l2evict.eviction")
 
 # 512 float32 per load step, 8 steps per program, 4 warps: the fastest of the
 # configurations measured on an H200 (1.09 x floor), within noise of the others.

@@ -3,14 +3,13 @@
 Figures only: nothing here asserts a timing.
 """
 
-from ._hook_cost import choice_times, first_call_times
+from ._hook_cost import first_call_times
 from ._probe import Probe, ProbeTimes, compare, time_after, time_call
 from ._synthetic import synthetic_checkpoint
 
 __all__ = [
     "Probe",
     "ProbeTimes",
-    "choice_times",
     "compare",
     "first_call_times",
     "synthetic_checkpoint",

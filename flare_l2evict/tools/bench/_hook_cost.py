@@ -1,8 +1,8 @@
 """How long the source choice takes for checkpoints of 1k, 10k and 100k tensors (CPU).
 
 The choice runs once per process, at start-up, so the figure that matters is
-the first call in a fresh process; :func:`first_call_times` measures that in
-fresh interpreters, :func:`choice_times` the warm figure in this one.
+the first call in a fresh process: :func:`first_call_times` measures it in
+fresh interpreters, with the warm calls after it for comparison.
 """
 
 from __future__ import annotations
@@ -11,11 +11,7 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from typing import Any
-
-from ..._source import choose_source
-from ._synthetic import synthetic_checkpoint
 
 CASES: tuple[tuple[int, bool], ...] = (
     (1_000, False),
@@ -29,37 +25,10 @@ def _window(fused: bool) -> int:
     return 4096 if fused else 1 << 21
 
 
-def choice_times(repetitions: int = 7) -> list[dict[str, Any]]:
-    """Median and best warm choice time per checkpoint size, beside a trivial per-tensor pass."""
-    rows = []
-    for count, fused in CASES:
-        tensors = synthetic_checkpoint(count, fused_largest=fused)
-        times = []
-        for _ in range(repetitions):
-            start = time.perf_counter()
-            choice = choose_source(tensors, "cpu", window_bytes=_window(fused))
-            times.append(time.perf_counter() - start)
-        values = list(tensors.values())
-        start = time.perf_counter()
-        list(map(id, values))
-        floor = time.perf_counter() - start
-        rows.append(
-            {
-                "tensors": len(tensors),
-                "largest_is_fused_views": fused,
-                "median_ms": statistics.median(times) * 1e3,
-                "best_ms": min(times) * 1e3,
-                "floor_ms": floor * 1e3,
-                "choice": choice.name + (" (largest = 66 equal fused blocks)" if fused else ""),
-            }
-        )
-    return rows
-
-
 _FIRST_CALL = """
 import json, sys, time
-from flare_l2evict._source import choose_source
-from flare_l2evict.tools.bench._synthetic import synthetic_checkpoint
+from flare_l2evict import choose_source
+from flare_l2evict.tools.bench import synthetic_checkpoint
 count, fused, window = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
 tensors = synthetic_checkpoint(count, fused_largest=fused)
 times = []
@@ -67,7 +36,7 @@ for _ in range(4):
     start = time.perf_counter()
     choose_source(tensors, "cpu", window_bytes=window)
     times.append(time.perf_counter() - start)
-print(json.dumps(times))
+print(json.dumps({"tensors": len(tensors), "times": times}))
 """
 
 
@@ -77,6 +46,7 @@ def first_call_times(processes: int = 5) -> list[dict[str, Any]]:
     for count, fused in CASES:
         firsts: list[float] = []
         warms: list[float] = []
+        tensors = 0
         for _ in range(processes):
             arguments = [str(count), str(int(fused)), str(_window(fused))]
             done = subprocess.run(
@@ -85,12 +55,13 @@ def first_call_times(processes: int = 5) -> list[dict[str, Any]]:
                 capture_output=True,
                 text=True,
             )
-            times = json.loads(done.stdout.strip().splitlines()[-1])
+            got = json.loads(done.stdout.strip().splitlines()[-1])
+            tensors, times = got["tensors"], got["times"]
             firsts.append(times[0] * 1e3)
             warms.extend(t * 1e3 for t in times[1:])
         rows.append(
             {
-                "tensors": count + (0 if fused else 1),
+                "tensors": tensors,
                 "largest_is_fused_views": fused,
                 "first_ms": firsts,
                 "first_median_ms": statistics.median(firsts),

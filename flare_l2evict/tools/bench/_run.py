@@ -237,14 +237,14 @@ def _winner(latencies: tuple[float, ...]) -> int:
 def _cost(device: torch.device, weights: torch.Tensor, window: int, repeats: int) -> dict[str, Any]:
     """Time per eviction at the stock window against the HBM floor, ``repeats`` times."""
     read = _gib_read(device)
+    plugin = _plugin_at(weights, window)
     methods: dict[str, Callable[[], None]] = {
         "stock": _stock_method(window, device),
-        "plugin": _plugin_at(weights, window),
+        "plugin": plugin,
         "plugin_torch": WeightEviction(_choice_at(weights, window), kernel="torch"),
         # 1 MiB stays in L2: what one launch costs to start and drain, whatever it reads.
         "plugin_1mib": _plugin_at(weights, MiB),
     }
-    kernel = getattr(methods["plugin"], "kernel", "torch")
     figures: dict[str, list[float]] = {name: [] for name in ("floor", *methods)}
     bandwidths = []
     for _ in range(repeats):
@@ -260,7 +260,7 @@ def _cost(device: torch.device, weights: torch.Tensor, window: int, repeats: int
     del methods
     torch.cuda.empty_cache()
     return {
-        "plugin_kernel": kernel,
+        "plugin_kernel": plugin.kernel,
         "hbm_read_bytes_per_s": statistics.median(bandwidths),
         "us": {name: _spread(values) for name, values in figures.items()},
         "over_floor": over,
@@ -340,11 +340,6 @@ def run_bench(
     (out_dir / "bench.json").write_text(json.dumps(result, indent=2, default=str))
     result["plot"] = _plot(curves, l2, default, out_dir / "efficacy.png")
     return result
-
-
-def _hbm_read_bandwidth(device: torch.device) -> float:
-    """Bytes per second of a 1 GiB read, reduced row-wise as the plugin reads."""
-    return _GIB / (time_call(_gib_read(device), repetitions=64, device=device).median * 1e-6)
 
 
 def _gib_read(device: torch.device) -> Callable[[], None]:
