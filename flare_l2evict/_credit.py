@@ -1,10 +1,31 @@
-"""The KV credit: the one place the figure handed to the KV allocator is computed."""
+"""The KV credit: the one place the figure handed to the KV allocator is computed (torch-free)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._eviction import OWN_BYTES
+from ._window import WORD
+
+OUTPUT_ROWS = 8192
+"""Partial sums the eviction reduces into: enough rows that torch needs no temporary."""
+
+_BLOCK = 512  # allocation granularity of torch's CUDA caching allocator
+
+EVICTION_OUTPUT_BYTES = -(-OUTPUT_ROWS * WORD // _BLOCK) * _BLOCK + _BLOCK
+"""Device bytes one eviction holds for its outputs (partial sums and a scalar, in allocator blocks).
+
+They are what the eviction holds in torch's allocator, in place of stock's buffers.
+"""
+READ_KERNEL_BYTES = 2 << 20
+"""Device memory charged for the read kernel's code: one 2 MiB driver page.
+
+Loading a kernel module takes device memory outside torch's allocator; the GPU
+test measures the Triton read's load with ``cudaMemGetInfo`` and checks it
+stays within this. Charged whichever kernel runs (torch's reduction is loaded
+lazily too), so the credit does not depend on whether Triton loaded.
+"""
+CREDIT_OVERHEAD_BYTES = EVICTION_OUTPUT_BYTES + READ_KERNEL_BYTES
+"""What the credit subtracts, once per process: the eviction's outputs and its kernel's code."""
 
 
 @dataclass(frozen=True)
@@ -17,28 +38,28 @@ class Credit:
 
 def credit(
     *,
-    installed: bool,
+    installable: bool,
     race_jobs: int,
     stock_buffer_bytes: int,
     window_bytes: int,
     read_bytes: int,
-    own_bytes: int = OWN_BYTES,
+    overhead_bytes: int = CREDIT_OVERHEAD_BYTES,
 ) -> Credit:
     """What this rank may credit: stock's buffers for the jobs that will read the weights.
 
     Invariants the KV allocator relies on (checked by property tests):
 
     * ``0 <= nbytes <= race_jobs * stock_buffer_bytes``;
-    * ``nbytes == 0`` unless the eviction is installed and reads at least
+    * ``nbytes == 0`` unless the eviction can be installed and reads at least
       the ``window_bytes`` it claims (``read_bytes >= window_bytes > 0``);
-    * the eviction's own outputs and its read kernel's code (``own_bytes``,
-      once per process) are subtracted, so the figure is a lower bound of what
-      the races stop allocating.
+    * the eviction's own outputs and its read kernel's code
+      (``overhead_bytes``, once per process) are subtracted, so the figure is
+      a lower bound of what the races stop allocating.
 
     ``stock_buffer_bytes`` must be what stock b12x really allocates per job
-    on this device (:func:`~flare_l2evict._seam.measure_stock_buffer`).
+    on this device (:func:`~flare_l2evict.measure_stock_buffer`).
     """
-    if not installed:
+    if not installable:
         return Credit(0, "nothing installed")
     if race_jobs <= 0:
         return Credit(
@@ -51,10 +72,9 @@ def credit(
     if window_bytes <= 0 or read_bytes < window_bytes:
         return Credit(
             0,
-            f"the eviction reads {read_bytes:,} of the {window_bytes:,}-byte window it claims; "
-            "fix: set plugins.l2evict.window to a multiple of 4 bytes, or 'stock'",
+            f"the eviction reads {read_bytes:,} of the {window_bytes:,}-byte window it claims",
         )
-    saved = race_jobs * stock_buffer_bytes - own_bytes
+    saved = race_jobs * stock_buffer_bytes - overhead_bytes
     if saved <= 0:
-        return Credit(0, f"the eviction's own {own_bytes:,} bytes outweigh what it saves")
+        return Credit(0, f"the eviction's own {overhead_bytes:,} bytes outweigh what it saves")
     return Credit(saved)

@@ -3,75 +3,55 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import sys
+import weakref
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 
+from ._credit import OUTPUT_ROWS
 from ._read_kernel import triton_reads
 from ._source import SourceChoice
+from ._window import WORD
 
 log = logging.getLogger("flare_l2evict.eviction")
 
-_ELEMENT = 4  # bytes of float32, the dtype stock b12x reduces over
-# Rows of the main reduction. A full reduction to one scalar makes torch stage
-# partial sums in a temporary it allocates on every call (3 KiB measured on an
-# H200); reducing each of this many rows into a preallocated vector does not.
-_ROWS = 8192
-_BLOCK = 512  # allocation granularity of torch's CUDA caching allocator
-
-EVICTION_OWN_BYTES = -(-_ROWS * _ELEMENT // _BLOCK) * _BLOCK + _BLOCK
-"""Device bytes one eviction allocates for its outputs (rounded up to allocator blocks).
-
-They are what the eviction holds in torch's allocator, in place of stock's buffers.
-"""
-READ_KERNEL_BYTES = 2 << 20
-"""Device memory charged for the read kernel's code: one 2 MiB driver page.
-
-Loading a kernel module takes device memory outside torch's allocator; the GPU
-test measures the Triton read's load with ``cudaMemGetInfo`` and checks it
-stays within this. Charged whichever kernel runs (torch's reduction is loaded
-lazily too), so the credit does not depend on whether Triton loaded.
-"""
-OWN_BYTES = EVICTION_OWN_BYTES + READ_KERNEL_BYTES
-"""What the credit subtracts, once per process: the outputs and the kernel's code."""
-
-Kernel = Literal["auto", "torch"]
+Kernel = Literal["auto", "triton", "torch"]
 
 
-def read_bytes_for(storage_bytes: Sequence[int], window_bytes: int) -> int:
-    """Bytes a :class:`WeightEviction` reads from storages of these sizes, largest first.
+def triton_started() -> bool:
+    """Whether this process has already paid Triton's start (import, and hashing its sources).
 
-    Whole float32 words from the tail of each storage until ``window_bytes``
-    (rounded down to whole words) is covered; the offline plan uses it too.
+    A fresh process pays about 0.5 s for its first Triton launch, even with the
+    kernel on disk; a host that runs Triton kernels has paid it before the hook.
     """
-    remaining = window_bytes // _ELEMENT
-    read = 0
-    for nbytes in storage_bytes:
-        if remaining <= 0:
-            break
-        count = min(nbytes // _ELEMENT, remaining)
-        read += count
-        remaining -= count
-    return read * _ELEMENT
+    if "triton" not in sys.modules:
+        return False
+    key = getattr(sys.modules.get("triton.compiler.compiler"), "triton_key", None)
+    info = getattr(key, "cache_info", None)
+    return info().currsize > 0 if callable(info) else True
 
 
 class WeightEviction:
-    """Displace L2 by reading the tail of the chosen storages; write nothing to them.
+    """Displace L2 by reading the chosen pieces of resident storages; write nothing to them.
 
     Invariants a caller relies on:
 
     * a call allocates no memory and does not synchronise with the host, so it
       can sit before every timed sample and be captured in a CUDA graph;
-    * the only memory written is a small float32 output (``_ROWS`` partial
-      sums and one scalar) owned by this object, so calls from several race
-      jobs may interleave;
-    * on CUDA the read is the Triton kernel of :mod:`._read_kernel`, compiled
-      and run once here (in the hook, before any race); where Triton cannot
-      load it is torch's row reduction, and :attr:`kernel` says which
-      (``kernel="torch"`` asks for the reduction);
-    * the reads cover ``window_bytes`` (rounded down to whole float32 words),
-      taken from the end of each storage, largest storage first;
+    * the only memory written is a small float32 output (``OUTPUT_ROWS``
+      partial sums and one scalar) owned by this object, so calls from several
+      race jobs may interleave;
+    * everything it keeps is made outside inference mode, so races run outside
+      it work even when the hook ran inside ``torch.inference_mode()``;
+    * the read is the Triton kernel of :mod:`._read_kernel` when ``kernel`` is
+      ``"triton"``, or ``"auto"`` and the process already runs Triton
+      (:func:`triton_started`); it is compiled and run once here, in the hook,
+      before any race. Otherwise, or where Triton cannot load, it is torch's
+      row reduction; :attr:`kernel` says which and :attr:`kernel_note` why;
+    * the reads are the choice's pieces: ``window_bytes`` (rounded down to
+      whole float32 words) of distinct bytes, from the end of each region;
     * while installed it holds the storages, so they cannot be freed underneath
       it; :meth:`release` drops them. A call after :meth:`release`, or after a
       storage shrank (``resize_(0)``), runs ``fallback`` instead: stock b12x's
@@ -90,43 +70,45 @@ class WeightEviction:
         self.source_name = choice.name
         self._fallback_factory = fallback
         self._fallback: Callable[[], None] | None = None
-        self._partial = torch.zeros(_ROWS, dtype=torch.float32, device=self.device)
-        self._out = torch.zeros((), dtype=torch.float32, device=self.device)
-        self._views: list[torch.Tensor] = []  # 1-d, one per storage, as read
+        self._views: list[torch.Tensor] = []  # 1-d float32, one per piece, as read
         self._reads: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, its output)
         self._needed: list[tuple[torch.UntypedStorage, int]] = []
-        remaining = choice.window_bytes // _ELEMENT
-        for source in choice.storages:
-            if remaining <= 0:
-                break
-            elements = source.nbytes // _ELEMENT
-            count = min(elements, remaining)
-            # The tail, not the head: heads of weight storages are what a
-            # forward pass touches first, tails are least likely to be warm.
-            view = torch.empty(0, dtype=torch.float32, device=self.device)
-            view.set_(source.storage, elements - count, (count,), (1,))
-            self._views.append(view)
-            main = count - count % _ROWS
-            if main:
-                self._reads.append((view[:main].view(_ROWS, -1), self._partial))
-            if count - main:
-                self._reads.append((view[main:], self._out))
-            self._needed.append((source.storage, elements * _ELEMENT))
-            remaining -= count
-        self.read_bytes = sum(v.numel() for v in self._views) * _ELEMENT
+        with torch.inference_mode(False):
+            self._partial = torch.zeros(OUTPUT_ROWS, dtype=torch.float32, device=self.device)
+            self._out = torch.zeros((), dtype=torch.float32, device=self.device)
+            for source in choice.storages:
+                for piece in source.pieces:
+                    count = piece.nbytes // WORD
+                    view = torch.empty(0, dtype=torch.float32, device=self.device)
+                    view.set_(piece.storage, piece.offset // WORD, (count,), (1,))
+                    self._views.append(view)
+                    main = count - count % OUTPUT_ROWS
+                    if main:
+                        self._reads.append((view[:main].view(OUTPUT_ROWS, -1), self._partial))
+                    if count - main:
+                        self._reads.append((view[main:], self._out))
+                    self._needed.append((piece.storage, piece.offset + piece.nbytes))
+        self.read_bytes = sum(v.numel() for v in self._views) * WORD
         self._launches: list[Callable[[], None]] = []
         self.kernel: Literal["triton", "torch"] = "torch"
-        self.kernel_note = "asked for torch's reduction" if kernel == "torch" else ""
-        if kernel == "auto" and self._views:
-            launches, why = triton_reads(self._views, self._partial)
+        self.kernel_note = {
+            "torch": "asked for torch's reduction",
+            "auto": "this process runs no Triton yet; torch's reduction spares the hook "
+            "Triton's start (about 0.5 s)",
+            "triton": "",
+        }[kernel]
+        wanted = kernel == "triton" or (kernel == "auto" and triton_started())
+        if wanted and self._views:
+            with torch.inference_mode(False):
+                launches, why = triton_reads(self._views, self._partial)
             if launches is None:
                 self.kernel_note = why
                 log.debug("flare_l2evict: %s; the eviction reads with torch's reduction", why)
             else:
-                self._launches, self.kernel = launches, "triton"
+                self._launches, self.kernel, self.kernel_note = launches, "triton", ""
 
     def views(self) -> tuple[torch.Tensor, ...]:
-        """The 1-d float32 views read, one per storage, largest first (empty once released)."""
+        """The 1-d float32 views read, one per piece (empty once released)."""
         return tuple(self._views)
 
     @property
@@ -175,6 +157,27 @@ class WeightEviction:
     def __repr__(self) -> str:
         state = "released" if self.released else f"{self.read_bytes:,} bytes"
         return f"WeightEviction({self.source_name!r} on {self.device}, {state}, {self.kernel})"
+
+
+class EvictionHandle:
+    """What the seam hands one b12x race job: the shared eviction, counted while alive.
+
+    b12x keeps one per job (``PreparationJob._race_eviction``) and drops it when
+    the job's race ends; the installation counts handles alive at once, so the
+    audit can hold ``race_jobs`` to what the races really held together.
+    """
+
+    __slots__ = ("__weakref__", "eviction")
+
+    def __init__(self, eviction: WeightEviction, on_drop: Callable[[], None]) -> None:
+        self.eviction = eviction
+        weakref.finalize(self, on_drop)
+
+    def __call__(self) -> None:
+        self.eviction()
+
+    def __repr__(self) -> str:
+        return f"EvictionHandle({self.eviction!r})"
 
 
 def _no_eviction() -> None:

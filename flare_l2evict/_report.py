@@ -12,8 +12,11 @@ class SourceRead(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tensor: str = Field(description="Name of the largest tensor viewing the storage.")
-    storage_bytes: NonNegativeInt
+    tensor: str = Field(description="First name, in sort order, of the region's largest storage.")
+    storage_bytes: NonNegativeInt = Field(
+        description="Distinct bytes of the region (storages overlapping in memory count once)."
+    )
+    read_bytes: NonNegativeInt = Field(default=0, description="Bytes the eviction reads of it.")
 
 
 class ReclaimReport(BaseModel):
@@ -50,6 +53,14 @@ class ReclaimReport(BaseModel):
     fallback_ranks: dict[int, str] = Field(
         default_factory=dict, description="Ranks that reclaimed nothing, with their reasons."
     )
+    allocator_error: str | None = Field(
+        default=None,
+        description="What kv_allocator.add_reclaimed raised after being offered the credit. "
+        "The credit may have been applied, so the eviction stays until startup_complete.",
+    )
+    seconds: dict[str, float] = Field(
+        default_factory=dict, description="Wall time of each step of the hook, and the total."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ReclaimReport:
@@ -65,13 +76,19 @@ class ReclaimReport(BaseModel):
         """One line for the start-up log."""
         if self.reclaimed_bytes == 0:
             return f"reclaimed 0 bytes on {self.device} (rank {self.rank}): {self.reason}"
-        return (
+        line = (
             f"reclaimed {self.reclaimed_bytes:,} bytes on {self.device} (rank {self.rank}) "
-            f"via {self.mechanism}: races read {self.source_tensor!r} "
+            f"via {self.mechanism}: races read {self.source_tensor!r:.200} "
             f"({self.source_storage_bytes:,}-byte storage, {self.window_bytes:,}-byte window, "
             f"{self.read_kernel} read) "
             f"instead of {self.race_jobs} x {self.stock_buffer_bytes:,}-byte buffers"
         )
+        if self.allocator_error:
+            line += (
+                f"; kv_allocator.add_reclaimed RAISED {self.allocator_error} after the offer, so "
+                "the credit may have been applied: the eviction stays until startup_complete"
+            )
+        return line
 
 
 class DeviceAudit(BaseModel):
@@ -99,11 +116,32 @@ class StartupAudit(BaseModel):
     mechanism: Literal["fork", "stock-seam", "none"]
     device: str | None = None
     credited_bytes: NonNegativeInt = 0
+    race_jobs: NonNegativeInt = Field(
+        default=0, description="The race jobs held at once that the credit counted."
+    )
+    peak_alive: NonNegativeInt | None = Field(
+        default=None,
+        description="Most evictions handed to b12x and not yet dropped, at once "
+        "(None for the fork's API, whose calls the plugin cannot see).",
+    )
+    unused_credit_bytes: NonNegativeInt = Field(
+        default=0,
+        description="(race_jobs - peak_alive) x stock buffer: credit for race jobs that never "
+        "held an eviction at the same time; lower race_jobs to peak_alive.",
+    )
+    allocator_error: str | None = Field(
+        default=None, description="What kv_allocator.add_reclaimed raised after the offer."
+    )
     counted: bool = Field(
         default=True, description="False for the fork's API, whose calls the plugin cannot see."
     )
     devices: tuple[DeviceAudit, ...] = ()
     shortfall_bytes: NonNegativeInt = 0
+
+    @property
+    def warns(self) -> bool:
+        """Whether the audit line is a WARNING: a shortfall, unused credit or allocator error."""
+        return bool(self.shortfall_bytes or self.unused_credit_bytes or self.allocator_error)
 
     def summary(self) -> str:
         """One line for the start-up log."""
@@ -119,7 +157,21 @@ class StartupAudit(BaseModel):
             f"{d.stock_buffers} stock buffers ({d.stock_bytes:,} bytes)"
             for d in self.devices
         ] or [f"{self.device}: no evictions asked"]
-        head = f"credited {self.credited_bytes:,} bytes on {self.device}; " + "; ".join(parts)
+        head = (
+            f"credited {self.credited_bytes:,} bytes on {self.device} for {self.race_jobs} race "
+            f"jobs; at most {self.peak_alive} evictions alive at once; " + "; ".join(parts)
+        )
+        if self.allocator_error:
+            head += (
+                f"; kv_allocator.add_reclaimed RAISED {self.allocator_error} after the offer "
+                "(the credit may have been applied; the eviction stayed installed)"
+            )
+        if self.unused_credit_bytes:
+            head += (
+                f"; UNUSED CREDIT {self.unused_credit_bytes:,} bytes: {self.race_jobs} race jobs "
+                f"credited but at most {self.peak_alive} held an eviction at once; fix: set "
+                f"runtime.race_jobs to {self.peak_alive}"
+            )
         if self.shortfall_bytes:
-            return f"{head}; SHORTFALL {self.shortfall_bytes:,} bytes of the credit were used"
+            head += f"; SHORTFALL {self.shortfall_bytes:,} bytes of the credit were used"
         return head

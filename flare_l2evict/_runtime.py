@@ -1,4 +1,10 @@
-"""Read the host's ``runtime`` once, against the contract in :mod:`flare_l2evict.hookspec`."""
+"""Read the host's ``runtime`` once, defensively, against the contract in :mod:`.hookspecs`.
+
+The host's object is code the plugin does not own: any attribute may be a
+property that raises, and ``resident_tensors()`` may return anything. Every
+attribute is read exactly once (:func:`snapshot`), with what reading it raised
+kept as a fact, so no host behaviour escapes the hook's fallback guard.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from typing import Any
 import torch
 
 from ._errors import RuntimeContractError
+from ._text import shown
 
 MAX_RACE_JOBS = 1024
 """More concurrent race jobs than any b12x start-up holds; above it the value is a host bug."""
@@ -18,6 +25,37 @@ MAX_L2_BYTES = 1 << 32
 """4 GiB: far above any GPU's L2 (128 MiB on GB202); above it the value is a host bug."""
 
 _CONTRACT = "see flare_l2evict.FlareRuntime"
+_ATTRIBUTES = (
+    "device",
+    "rank",
+    "world_size",
+    "process_group",
+    "config",
+    "race_jobs",
+    "l2_cache_bytes",
+    "kv_allocator",
+    "resident_tensors",
+)
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Each contract attribute of ``runtime`` as read once: its value, or why it could not be.
+
+    ``values[name]`` is the value (``_MISSING`` when absent); ``errors[name]``
+    is the one-line text of what reading it raised. ``add_reclaimed`` is
+    ``kv_allocator.add_reclaimed``, read once as well (``None`` if unreadable).
+    """
+
+    values: dict[str, object]
+    errors: dict[str, str]
+    add_reclaimed: Callable[[Any], object] | None
+
+    def get(self, name: str) -> object:
+        """The attribute's value; ``None`` when it is missing or reading it raised."""
+        found = self.values.get(name, _MISSING)
+        return None if found is _MISSING else found
 
 
 @dataclass(frozen=True)
@@ -25,8 +63,8 @@ class Placement:
     """Where this process sits, read leniently so even a faulty runtime gets a valid report.
 
     ``rank``/``world_size`` fall back to 0/1 and ``device`` to the text the
-    host gave when those attributes are missing or out of range; the strict
-    reading is :func:`read_runtime`.
+    host gave when those attributes are missing, raising or out of range; the
+    strict reading is :func:`read_runtime`.
     """
 
     device: str
@@ -40,9 +78,11 @@ class RuntimeFacts:
     """The runtime's attributes, checked: what every later step may rely on.
 
     Invariants: ``device`` is a ``torch.device`` of type ``cpu`` or ``cuda``;
-    ``0 <= rank < world_size``; ``race_jobs`` in ``0..MAX_RACE_JOBS``;
-    ``l2_cache_bytes`` is ``None`` (read from the CUDA device later) or in
-    ``1..MAX_L2_BYTES``; ``add_reclaimed`` and ``resident_tensors`` are callable.
+    ``0 <= rank < world_size``; a ``process_group``, when given, has exactly
+    ``world_size`` ranks with this process at ``rank``; ``race_jobs`` in
+    ``0..MAX_RACE_JOBS``; ``l2_cache_bytes`` is ``None`` (read from the CUDA
+    device later) or in ``1..MAX_L2_BYTES``; ``add_reclaimed`` and
+    ``resident_tensors`` are callable. Nothing here reads the host's object again.
     """
 
     device: torch.device
@@ -53,13 +93,42 @@ class RuntimeFacts:
     race_jobs: int
     l2_cache_bytes: int | None
     add_reclaimed: Callable[[Any], object]
-    resident_tensors: Callable[[], Mapping[str, torch.Tensor]]
+    resident_tensors: Callable[[], object]
+
+
+def _one_line(error: BaseException) -> str:
+    return shown(f"{type(error).__name__}: {error}", 200)
+
+
+def snapshot(runtime: object) -> Snapshot:
+    """Read every contract attribute of ``runtime`` once; never raises an ``Exception``."""
+    values: dict[str, object] = {}
+    errors: dict[str, str] = {}
+    for name in _ATTRIBUTES:
+        try:
+            values[name] = getattr(runtime, name, _MISSING)
+        except Exception as error:  # a property of the host's that raises
+            values[name] = _MISSING
+            errors[name] = _one_line(error)
+    add: Callable[[Any], object] | None = None
+    allocator = values["kv_allocator"]
+    if allocator is not _MISSING and allocator is not None:
+        try:
+            found = getattr(allocator, "add_reclaimed", None)
+        except Exception as error:
+            errors["kv_allocator"] = f"reading add_reclaimed raised {_one_line(error)}"
+        else:
+            add = found if callable(found) else None
+    return Snapshot(values, errors, add)
 
 
 def _whole(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         return None
-    return int(value)
+    try:
+        return int(value)
+    except Exception:  # an Integral of the host's whose __int__ raises
+        return None
 
 
 def _device(value: object) -> torch.device | None:
@@ -75,33 +144,66 @@ def _device(value: object) -> torch.device | None:
     return device if device.type in ("cpu", "cuda") else None
 
 
-def placement(runtime: object) -> Placement:
+def placement(seen: Snapshot) -> Placement:
     """What a report needs to name this process, whatever the host passed."""
-    device = _device(getattr(runtime, "device", None))
-    rank = _whole(getattr(runtime, "rank", 0))
-    world = _whole(getattr(runtime, "world_size", 1))
+    raw_device = seen.values["device"]
+    device = _device(raw_device)
+    rank = _whole(seen.values["rank"]) if "rank" not in seen.errors else None
+    world = _whole(seen.values["world_size"]) if "world_size" not in seen.errors else None
+    if seen.values["rank"] is _MISSING and "rank" not in seen.errors:
+        rank = 0
+    if seen.values["world_size"] is _MISSING and "world_size" not in seen.errors:
+        world = 1
     if rank is None or world is None or not 0 <= rank < world:
         rank, world = 0, 1
-    shown = str(device) if device is not None else repr(getattr(runtime, "device", None))[:40]
-    return Placement(shown, rank, world, getattr(runtime, "process_group", None))
+    if device is not None:
+        where = str(device)
+    elif raw_device is _MISSING:
+        where = "unknown device"
+    else:
+        where = shown(repr(raw_device), 40)
+    group = seen.values["process_group"]
+    return Placement(where, rank, world, None if group is _MISSING else group)
 
 
-def read_runtime(runtime: object) -> RuntimeFacts:
+def _described(value: object) -> str:
+    """What a value is, in bounded time: never iterates a tensor's elements."""
+    if isinstance(value, torch.Tensor):
+        return f"a Tensor of shape {tuple(value.shape)} ({value.dtype})"
+    if isinstance(value, list | tuple | set | frozenset):
+        return f"a {type(value).__name__} of {len(value):,} items"
+    return f"a {type(value).__name__}"
+
+
+def read_runtime(runtime: object | Snapshot) -> RuntimeFacts:
     """The checked runtime, or :class:`RuntimeContractError` naming the first bad attribute.
 
-    The message is one line: the attribute, what it was, and what it accepts.
+    The message is one line: the attribute, what it was (or what reading it
+    raised), and what it accepts. ``runtime`` may be a :class:`Snapshot`
+    already taken, so the host's object is read once per hook call.
     """
+    seen = runtime if isinstance(runtime, Snapshot) else snapshot(runtime)
 
     def bad(name: str, accepts: str) -> RuntimeContractError:
-        if not hasattr(runtime, name):
+        value = seen.values[name]
+        if name in seen.errors:
+            got = f"raised {seen.errors[name]}"
+        elif value is _MISSING:
             got = "missing"
         else:
-            got = f"= {getattr(runtime, name)!r}"[:80]
+            got = "= " + shown(repr(value), 80)
         return RuntimeContractError(
             f"runtime.{name} {got}: the host must pass {accepts} ({_CONTRACT})"
         )
 
-    device = _device(getattr(runtime, "device", None))
+    def value(name: str) -> object:
+        found = seen.values[name]
+        return None if found is _MISSING else found
+
+    for name in _ATTRIBUTES:
+        if name in seen.errors and name != "kv_allocator":
+            raise bad(name, "an attribute that can be read")
+    device = _device(value("device"))
     if device is None:
         raise bad("device", "a torch.device of type cuda (or cpu on the reference host)")
     if device.type == "cuda":
@@ -109,34 +211,80 @@ def read_runtime(runtime: object) -> RuntimeFacts:
             raise bad("device", "a device this process can use (CUDA is not available here)")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise bad("device", f"a CUDA device in 0..{torch.cuda.device_count() - 1}")
-    world = _whole(getattr(runtime, "world_size", None))
+    world = _whole(value("world_size"))
     if world is None or world < 1:
         raise bad("world_size", "a whole number >= 1")
-    rank = _whole(getattr(runtime, "rank", None))
+    rank = _whole(value("rank"))
     if rank is None or not 0 <= rank < world:
         raise bad("rank", f"a whole number in 0..{world - 1} (below world_size {world})")
-    group = getattr(runtime, "process_group", None)
+    group = value("process_group")
     if world > 1 and group is None:
         raise bad("process_group", "the tensor-parallel process group when world_size > 1")
-    config = getattr(runtime, "config", None)
+    if group is not None:
+        _check_group(group, rank, world)
+    config = value("config")
     if config is None:
         config = {}
     if not isinstance(config, Mapping):
         raise bad("config", "the deployment config as a mapping")
-    jobs = _whole(getattr(runtime, "race_jobs", None))
+    jobs = _whole(value("race_jobs"))
     if jobs is None or not 0 <= jobs <= MAX_RACE_JOBS:
         raise bad("race_jobs", f"a whole number in 0..{MAX_RACE_JOBS}")
-    l2_value = getattr(runtime, "l2_cache_bytes", None)
+    l2_value = value("l2_cache_bytes")
     l2 = None if l2_value is None else _whole(l2_value)
     if l2_value is not None and (l2 is None or not 0 < l2 <= MAX_L2_BYTES):
         raise bad("l2_cache_bytes", f"None or a whole number of bytes in 1..{MAX_L2_BYTES:,}")
     if l2 is None and device.type != "cuda":
         raise bad("l2_cache_bytes", f"the L2 size in bytes on a {device.type} device")
-    allocator = getattr(runtime, "kv_allocator", None)
-    add = getattr(allocator, "add_reclaimed", None)
-    if not callable(add):
+    if "kv_allocator" in seen.errors:
         raise bad("kv_allocator", "an object with add_reclaimed(report)")
-    tensors = getattr(runtime, "resident_tensors", None)
+    if seen.add_reclaimed is None:
+        raise bad("kv_allocator", "an object with add_reclaimed(report)")
+    tensors = value("resident_tensors")
     if not callable(tensors):
         raise bad("resident_tensors", "a method returning the resident tensors by name")
-    return RuntimeFacts(device, rank, world, group, config, jobs, l2, add, tensors)
+    return RuntimeFacts(device, rank, world, group, config, jobs, l2, seen.add_reclaimed, tensors)
+
+
+def _check_group(group: object, rank: int, world: int) -> None:
+    """The group must hold exactly ``world`` ranks, with this process at ``rank``."""
+    import torch.distributed as dist
+
+    where = "runtime.process_group"
+    try:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("torch.distributed is not initialized")
+        size = dist.get_world_size(group)  # type: ignore[arg-type]
+        mine = dist.get_rank(group)  # type: ignore[arg-type]
+    except Exception as error:
+        raise RuntimeContractError(
+            f"{where} cannot be used ({_one_line(error)}): the host must pass its initialised "
+            f"tensor-parallel group ({_CONTRACT})"
+        ) from None
+    if size != world or mine != rank:
+        raise RuntimeContractError(
+            f"{where} has {size} ranks with this process at rank {mine}, but runtime.world_size "
+            f"= {world} and runtime.rank = {rank}: the host must pass the group whose ranks "
+            f"size the KV cache alike ({_CONTRACT})"
+        )
+
+
+def read_tensors(facts: RuntimeFacts) -> Mapping[str, torch.Tensor]:
+    """``resident_tensors()``, called once, checked to be a mapping; bounded time whatever it is.
+
+    Raises :class:`RuntimeContractError` naming what came back (or what the
+    call raised) when it is not a mapping of names to tensors.
+    """
+    try:
+        found = facts.resident_tensors()
+    except Exception as error:
+        raise RuntimeContractError(
+            f"runtime.resident_tensors() raised {_one_line(error)}: the host must return the "
+            f"loaded checkpoint tensors by name ({_CONTRACT})"
+        ) from None
+    if not isinstance(found, Mapping):
+        raise RuntimeContractError(
+            f"runtime.resident_tensors() returned {_described(found)}, not a mapping of names "
+            f"to tensors; fix: return {{name: tensor}} for the loaded checkpoint ({_CONTRACT})"
+        )
+    return found

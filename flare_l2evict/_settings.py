@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_validator
 
 from ._errors import ConfigError
-from ._window import stock_window_bytes
+from ._window import stock_buffer_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -73,8 +73,12 @@ class L2EvictSettings(BaseModel):
     on_error: Literal["fallback", "raise"] = "fallback"
 
     def window_bytes(self, l2_cache_bytes: int) -> int:
-        """The bytes each eviction reads on a device with this L2 size."""
-        return stock_window_bytes(l2_cache_bytes) if self.window == "stock" else int(self.window)
+        """The bytes each eviction reads on a device with this L2 size.
+
+        ``"stock"`` is what stock b12x reads there: ``max(2 x L2, 64 MiB)`` rounded
+        up to whole float32 words, as its buffer is.
+        """
+        return stock_buffer_bytes(l2_cache_bytes) if self.window == "stock" else int(self.window)
 
     @field_validator("window", mode="before")
     @classmethod
@@ -184,3 +188,25 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
             f"{path}: the top level must be a table/mapping, not {type(data).__name__}"
         )
     return data
+
+
+def wants_raise(config: object) -> bool:
+    """Whether the raw config asks for ``on_error = "raise"``, even if the section is invalid.
+
+    An operator who asked for start-up to fail on any fault gets that also when
+    the fault is the plugin's own section (an unknown key, a bad window).
+    """
+    section: object = config
+    for part in SECTION:
+        if not isinstance(section, Mapping):
+            return False
+        try:
+            section = section.get(part)
+        except Exception:  # a host's mapping whose get raises
+            return False
+    if not isinstance(section, Mapping):
+        return False
+    try:
+        return section.get("on_error") == "raise"
+    except Exception:
+        return False

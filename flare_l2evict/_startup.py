@@ -1,25 +1,48 @@
-"""One start-up, end to end: check, choose, build and install, credit, agree, report.
+"""One start-up, end to end: read the host, decide, install, agree, offer the credit, audit.
 
-Each step returns a frozen value; :meth:`L2EvictStartup.run` reads as the flow.
-The installation itself is owned by :mod:`flare_l2evict._install`; this module
-holds only the report of the start-up in progress.
+:class:`L2EvictStartup` owns the start-up's state and is the only code that
+changes it. Its invariants, which the KV allocator relies on:
+
+* one ``before_first_capture`` at a time per process: a call made while a
+  start-up is in progress or done (re-entrant from the allocator, from another
+  thread, or repeated) credits 0 and touches nothing;
+* at most one credit is offered per installation, across all allocators;
+* from the moment ``add_reclaimed`` is called, the installation stays until
+  :meth:`L2EvictStartup.finish` (``startup_complete``), whatever the allocator
+  does: a credit without its eviction would run the server out of memory;
+* before the offer, any exception (``BaseException`` included) leaves nothing
+  installed; ``KeyboardInterrupt`` and ``SystemExit`` still propagate.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from ._agree import Agreement, RankOutcome, agree, settings_digest
-from ._credit import Credit, credit
+from ._credit import Credit
+from ._decision import Decision, decide
 from ._errors import L2EvictError
 from ._install import Installation, active_installation, install, restore
-from ._report import ReclaimReport, StartupAudit
-from ._runtime import Placement, RuntimeFacts, placement, read_runtime
-from ._seam import SeamProof, fork_function, measure_stock_buffer, prove_seam
-from ._settings import L2EvictSettings, settings_from_config
-from ._source import choose_source
+from ._report import ReclaimReport, SourceRead, StartupAudit
+from ._runtime import (
+    Placement,
+    RuntimeFacts,
+    Snapshot,
+    placement,
+    read_runtime,
+    read_tensors,
+    snapshot,
+)
+from ._seam import SeamProof, StockBuffer, fork_function, measure_stock_buffer, prove_seam
+from ._settings import L2EvictSettings, settings_from_config, wants_raise
+from ._source import source_choice, storages_of
+from ._text import shown
 from ._window import device_l2_bytes, stock_buffer_bytes
 
 log = logging.getLogger("flare_l2evict")
@@ -29,25 +52,38 @@ log = logging.getLogger("flare_l2evict")
 class Sizes:
     """The byte figures of this device that the credit rests on, and the seam they came from.
 
-    ``proof`` is ``None`` only when the fork's API is used (its buffer is the formula).
+    ``stock`` is measured once, through the proven seam on CUDA, and used by
+    both the credit and the installation. ``proof`` is ``None`` only when the
+    fork's API is used (its buffer is the formula).
     """
 
     l2_cache_bytes: int
     window_bytes: int
-    stock_buffer_bytes: int
+    stock: StockBuffer
     race_jobs: int
     proof: SeamProof | None
 
 
-@dataclass(frozen=True)
-class Installed:
-    """What this rank installed and may credit (``credit.nbytes == 0``: restored)."""
+class _Clock:
+    """Wall time per step of the hook, for the report (``ReclaimReport.seconds``)."""
 
-    installation: Installation | None
-    credit: Credit
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
+
+    def total(self) -> dict[str, float]:
+        return {**self.seconds, "total": time.perf_counter() - self.started}
 
 
-def measure_sizes(facts: RuntimeFacts, settings: L2EvictSettings) -> Sizes:
+def measure_sizes(facts: RuntimeFacts, settings: L2EvictSettings, clock: _Clock) -> Sizes:
     """L2, window and stock's real per-job buffer on ``facts.device``.
 
     On CUDA stock's buffer is measured through the proven seam (allocated
@@ -59,166 +95,310 @@ def measure_sizes(facts: RuntimeFacts, settings: L2EvictSettings) -> Sizes:
     if l2 is None:
         l2 = device_l2_bytes(facts.device)
     window = settings.window_bytes(l2)
-    if fork_function() is not None:
-        return Sizes(l2, window, stock_buffer_bytes(l2), facts.race_jobs, None)
-    proof = prove_seam()
-    stock = measure_stock_buffer(proof.original, facts.device, l2)
-    return Sizes(l2, window, stock.nbytes, facts.race_jobs, proof)
+    with clock.step("seam"):
+        fork = fork_function()
+        proof = None if fork is not None else prove_seam()
+    if proof is None:
+        return Sizes(l2, window, StockBuffer(stock_buffer_bytes(l2), False), facts.race_jobs, None)
+    with clock.step("stock_buffer"):
+        stock = measure_stock_buffer(proof.original, facts.device, l2)
+    return Sizes(l2, window, stock, facts.race_jobs, proof)
 
 
-def install_and_credit(facts: RuntimeFacts, settings: L2EvictSettings, sizes: Sizes) -> Installed:
-    """Choose the source, install the eviction, and compute the credit in one place.
+def _decide_and_install(
+    facts: RuntimeFacts, settings: L2EvictSettings, sizes: Sizes, clock: _Clock
+) -> tuple[Decision, Installation | None]:
+    """The decision on this rank's tensors, and the installation when it credits anything.
 
-    Invariant: when the returned credit is 0, nothing is left installed.
+    Invariant: when the decision's credit is 0, nothing is installed.
     """
-    choice = choose_source(
-        facts.resident_tensors(), facts.device, sizes.window_bytes, settings.exclude
-    )
-    installation = install(choice, sizes.proof, sizes.stock_buffer_bytes)
-    granted = credit(
-        installed=not installation.restored,
-        race_jobs=sizes.race_jobs,
-        stock_buffer_bytes=sizes.stock_buffer_bytes,
-        window_bytes=sizes.window_bytes,
-        read_bytes=installation.read_bytes,
-    )
-    if granted.nbytes == 0:
-        installation.restore()
-        return Installed(None, granted)
-    return Installed(installation, granted)
+    with clock.step("source"):
+        tensors = read_tensors(facts)
+        storages, held = storages_of(tensors, facts.device)
+        decision = decide(
+            storages,
+            window_bytes=sizes.window_bytes,
+            exclude=settings.exclude,
+            race_jobs=sizes.race_jobs,
+            stock_buffer_bytes=sizes.stock.nbytes,
+            where=str(facts.device),
+        )
+    if decision.credit.nbytes == 0:
+        return decision, None
+    with clock.step("install"):
+        choice = source_choice(decision.choice, held, facts.device)
+        installation = install(choice, sizes.proof, sizes.stock)
+    return decision, installation
+
+
+@dataclass
+class _State:
+    """The start-up in progress or done: who runs it, and what it reported."""
+
+    thread: int
+    generation: int
+    report: ReclaimReport | None = None
 
 
 class L2EvictStartup:
-    """The plugin's start-up in this process: at most one report at a time.
+    """The plugin's start-up in this process (see the module docstring for its invariants).
 
-    :meth:`run` never raises unless the deployment asked for ``on_error =
-    "raise"`` (and then only after restoring stock b12x); on any fault it
-    restores stock b12x and reports 0 with the reason, whatever the host
-    passed. A second :meth:`run` before :meth:`finish` changes nothing and
-    returns the first report.
+    :meth:`run` never raises an ``Exception`` unless the deployment asked for
+    ``on_error = "raise"`` (and then only after restoring stock b12x, or, once
+    the credit was offered, keeping the eviction it backs); on any fault it
+    restores stock b12x and reports 0 with the reason, whatever the host passed.
     """
 
     def __init__(self) -> None:
-        self.report: ReclaimReport | None = None
+        self._lock = threading.Lock()  # held only for state changes, never across host code
+        self._state: _State | None = None
+        self._generation = 0
 
     def run(self, runtime: object) -> ReclaimReport:
-        if self.report is not None:
-            log.info("flare_l2evict: before_first_capture called again; keeping the first report")
-            return self.report
-        where = placement(runtime)
+        with self._lock:
+            busy = self._state
+            if busy is None:
+                self._generation += 1
+                generation = self._generation
+                self._state = _State(threading.get_ident(), generation)
+        if busy is not None:
+            return self._refused(runtime, busy)
+        try:
+            return self._run(runtime, generation)
+        except BaseException as error:
+            # Whatever escaped, the state says the start-up ran, so startup_complete still
+            # audits; an installation stays only if a credit was offered against it.
+            installation = active_installation()
+            if installation is not None and installation.offered_bytes == 0:
+                installation.restore()
+            self._settle(generation, None)
+            if isinstance(error, L2EvictError) or not isinstance(error, Exception):
+                raise  # on_error = "raise", KeyboardInterrupt, SystemExit
+            reason = f"internal error in flare_l2evict ({_reason(error)})"
+            log.warning("flare_l2evict: stock b12x eviction kept; reclaimed 0 bytes: %s", reason)
+            where = placement(snapshot(runtime))
+            return ReclaimReport(
+                device=where.device,
+                rank=where.rank,
+                world_size=where.world_size,
+                reclaimed_bytes=0,
+                mechanism="none",
+                reason=reason,
+            )
+
+    def _refused(self, runtime: object, busy: _State) -> ReclaimReport:
+        where = placement(snapshot(runtime))
+        installation = active_installation()
+        if busy.thread == threading.get_ident() and busy.report is None:
+            how = "re-entrant call (from inside this start-up's own hook, e.g. its KV allocator)"
+        elif busy.report is None:
+            how = "concurrent call (another thread is running before_first_capture)"
+        else:
+            how = "repeated call (before_first_capture already ran in this start-up)"
+        active = repr(installation) if installation is not None else "no installation"
+        reason = (
+            f"{how} while a start-up is active ({active}); this call credits 0 and changes "
+            "nothing; fix: call before_first_capture once per start-up, and startup_complete "
+            "before starting again"
+        )
+        log.warning("flare_l2evict: %s", reason)
+        return ReclaimReport(
+            device=where.device,
+            rank=where.rank,
+            world_size=where.world_size,
+            reclaimed_bytes=0,
+            mechanism="none",
+            reason=reason,
+        )
+
+    def _run(self, runtime: object, generation: int) -> ReclaimReport:
+        clock = _Clock()
+        with clock.step("runtime"):
+            seen = snapshot(runtime)
+            where = placement(seen)
         settings: L2EvictSettings | None = None
         sizes: Sizes | None = None
-        installed = Installed(None, Credit(0, "not started"))
-        error: BaseException | None = None
+        decision: Decision | None = None
+        installation: Installation | None = None
+        local = Credit(0, "not started")
+        error: Exception | None = None
+        raising = False
         try:
-            facts = read_runtime(runtime)
-            settings = settings_from_config(facts.config)
+            config = seen.get("config")
+            with clock.step("settings"):
+                # Settings first, so on_error = "raise" also covers the runtime's faults.
+                raising = wants_raise(config)
+                if config is None or isinstance(config, Mapping):
+                    settings = settings_from_config(config)
+                    raising = settings.on_error == "raise"
+            with clock.step("runtime"):
+                facts = read_runtime(seen)  # a config that is no mapping fails here
+            settings = settings or settings_from_config(facts.config)
             if not settings.enabled:
-                installed = Installed(None, Credit(0, "disabled by config (enabled = false)"))
+                local = Credit(0, "disabled by config (enabled = false)")
             else:
-                sizes = measure_sizes(facts, settings)
-                installed = install_and_credit(facts, settings, sizes)
+                sizes = measure_sizes(facts, settings, clock)
+                decision, installation = _decide_and_install(facts, settings, sizes, clock)
+                local = decision.credit
         except Exception as caught:
             restore()
-            error, installed = caught, Installed(None, Credit(0, _reason(caught)))
-        agreed = self._agree(where, installed.credit, settings)
-        report = self._report(where, installed, agreed, sizes)
-        return self._hand_over(runtime, report, settings, error)
+            installation, error = None, caught
+            local = Credit(0, _reason(caught))
+        except BaseException:
+            restore()
+            raise
+        with clock.step("agree"):
+            agreed = self._agree(where, local, settings)
+        if agreed.reclaimed_bytes == 0 and installation is not None:
+            installation.restore()  # ranks race alike: if nothing is credited, nobody reads weights
+            installation = None
+        if installation is not None and not self._claim_offer(generation):
+            installation.restore()
+            installation = None
+            agreed = Agreement(
+                0, agreed.fallback_ranks, "startup_complete ran during before_first_capture"
+            )
+        report = _report(where, local, agreed, sizes, installation, clock.total())
+        if error is not None and raising:
+            self._settle(generation, report)
+            log.warning("flare_l2evict: stock b12x eviction kept; %s", report.summary())
+            raise L2EvictError(f"l2evict failed and on_error = 'raise': {report.reason}") from error
+        return self._offer(seen, report, installation, generation, raising)
+
+    def _offer(
+        self,
+        seen: Snapshot,
+        report: ReclaimReport,
+        installation: Installation | None,
+        generation: int,
+        raising: bool,
+    ) -> ReclaimReport:
+        """Hand the report to the KV allocator, once; from here on the credit stays backed."""
+        add = seen.add_reclaimed
+        offered = report.reclaimed_bytes if installation is not None else 0
+        if installation is not None:
+            installation.record_offer(
+                offered, race_jobs=report.race_jobs, stock_buffer_bytes=report.stock_buffer_bytes
+            )
+        raised: BaseException | None = None
+        if add is not None:
+            try:
+                add(report)
+            except BaseException as caught:  # the allocator may have applied it before raising
+                raised = caught
+        if raised is not None:
+            text = _reason(raised)
+            if installation is not None:
+                installation.record_offer(
+                    offered,
+                    race_jobs=report.race_jobs,
+                    stock_buffer_bytes=report.stock_buffer_bytes,
+                    allocator_error=text,
+                )
+            report = report.model_copy(update={"allocator_error": text})
+        self._settle(generation, report)
+        if report.reclaimed_bytes:
+            level = logging.WARNING if raised is not None else logging.INFO
+            log.log(level, "flare_l2evict: %s", report.summary())
+        else:
+            detail = f" (kv_allocator.add_reclaimed raised {report.allocator_error})"
+            log.warning(
+                "flare_l2evict: stock b12x eviction kept; %s%s",
+                report.summary(),
+                detail if raised is not None else "",
+            )
+        if raised is not None and not isinstance(raised, Exception):
+            raise raised
+        if raised is not None and raising:
+            raise L2EvictError(
+                f"kv_allocator.add_reclaimed raised {report.allocator_error} and on_error = "
+                "'raise'; the eviction stays installed until startup_complete, since the "
+                "credit may have been applied"
+            ) from raised
+        return report
+
+    def _claim_offer(self, generation: int) -> bool:
+        """Whether this start-up is still the current one; from here its credit may be offered.
+
+        Under the lock, so a ``startup_complete`` either came before (no offer, nothing
+        stays installed) or comes after the offer (it ends the start-up, as it should).
+        """
+        with self._lock:
+            return self._state is not None and self._state.generation == generation
+
+    def _settle(self, generation: int, report: ReclaimReport | None) -> None:
+        """Record the start-up as done (with its report), unless it was finished meanwhile."""
+        with self._lock:
+            if self._state is not None and self._state.generation == generation:
+                self._state.report = report or self._state.report or _NO_REPORT
 
     def _agree(
         self, where: Placement, local: Credit, settings: L2EvictSettings | None
     ) -> Agreement:
         """Every rank reaches the agreement, faulted or not, so none waits forever."""
-        digest, shown = settings_digest(settings)
+        digest, shown_settings = settings_digest(settings)
         try:
-            agreed = agree(
-                RankOutcome(where.rank, local.nbytes, local.reason, digest, shown),
+            return agree(
+                RankOutcome(where.rank, local.nbytes, local.reason, digest, shown_settings),
                 where.process_group,  # type: ignore[arg-type]
             )
         except Exception as caught:
-            agreed = Agreement(0, {}, f"tensor-parallel agreement failed ({_reason(caught)})")
-        installation = active_installation()
-        if agreed.reclaimed_bytes == 0:
-            restore()  # keep every rank's races alike: if nothing is credited, nobody reads weights
-        elif installation is not None:
-            installation.credited_bytes = agreed.reclaimed_bytes  # what the audit holds it to
-        return agreed
-
-    def _report(
-        self, where: Placement, installed: Installed, agreed: Agreement, sizes: Sizes | None
-    ) -> ReclaimReport:
-        installation = active_installation() if agreed.reclaimed_bytes else None
-        figures: dict[str, Any] = {} if sizes is None else {
-            "window_bytes": sizes.window_bytes,
-            "stock_buffer_bytes": sizes.stock_buffer_bytes,
-            "race_jobs": sizes.race_jobs,
-        }  # fmt: skip
-        source: dict[str, Any] = {}
-        if installation is not None:
-            source = {
-                "source_tensor": installation.source_name,
-                "source_storage_bytes": sum(read.storage_bytes for read in installation.sources),
-                "sources": installation.sources,
-                "read_kernel": installation.read_kernel,
-            }
-        return ReclaimReport(
-            device=where.device,
-            rank=where.rank,
-            world_size=where.world_size,
-            reclaimed_bytes=agreed.reclaimed_bytes,
-            local_reclaimed_bytes=installed.credit.nbytes,
-            mechanism=installation.mechanism if installation else "none",
-            reason=agreed.reason or (None if agreed.reclaimed_bytes else installed.credit.reason),
-            fallback_ranks=agreed.fallback_ranks,
-            **figures,
-            **source,
-        )
-
-    def _hand_over(
-        self,
-        runtime: object,
-        report: ReclaimReport,
-        settings: L2EvictSettings | None,
-        error: BaseException | None,
-    ) -> ReclaimReport:
-        """Log, then credit the KV allocator; a failing allocator un-credits and restores."""
-        raising = settings is not None and settings.on_error == "raise"
-        if error is not None and raising:
-            self.report = report
-            log.warning("flare_l2evict: stock b12x eviction kept; %s", report.summary())
-            raise L2EvictError(f"l2evict failed and on_error = 'raise': {report.reason}") from error
-        add = getattr(getattr(runtime, "kv_allocator", None), "add_reclaimed", None)
-        if callable(add):
-            try:
-                add(report)
-            except Exception as caught:
-                restore()
-                reason = f"kv_allocator.add_reclaimed raised {_reason(caught)}"
-                report = report.model_copy(
-                    update={"reclaimed_bytes": 0, "mechanism": "none", "reason": reason}
-                )
-                error = caught
-        self.report = report
-        if report.reclaimed_bytes:
-            log.info("flare_l2evict: %s", report.summary())
-        else:
-            log.warning("flare_l2evict: stock b12x eviction kept; %s", report.summary())
-        if error is not None and raising:
-            raise L2EvictError(f"l2evict failed and on_error = 'raise': {report.reason}") from error
-        return report
+            return Agreement(0, {}, f"tensor-parallel agreement failed ({_reason(caught)})")
 
     def finish(self) -> StartupAudit:
         """Start-up is over: audit, stock b12x back, no reference to the weights."""
+        with self._lock:
+            state, self._state = self._state, None
         installation = active_installation()
         audit = StartupAudit(mechanism="none") if installation is None else installation.audit()
         restore()
-        if self.report is not None or installation is not None:
-            if audit.shortfall_bytes:
-                log.warning("flare_l2evict: audit: %s", audit.summary())
-            else:
-                log.info("flare_l2evict: audit: %s", audit.summary())
-        self.report = None
+        if state is not None or installation is not None:
+            level = logging.WARNING if audit.warns else logging.INFO
+            log.log(level, "flare_l2evict: audit: %s", audit.summary())
         return audit
+
+
+_NO_REPORT = ReclaimReport(
+    device="unknown", reclaimed_bytes=0, mechanism="none", reason="the hook did not finish"
+)
+
+
+def _report(
+    where: Placement,
+    local: Credit,
+    agreed: Agreement,
+    sizes: Sizes | None,
+    installation: Installation | None,
+    seconds: dict[str, float],
+) -> ReclaimReport:
+    figures: dict[str, Any] = {} if sizes is None else {
+        "window_bytes": sizes.window_bytes,
+        "stock_buffer_bytes": sizes.stock.nbytes,
+        "race_jobs": sizes.race_jobs,
+    }  # fmt: skip
+    source: dict[str, Any] = {}
+    if installation is not None:
+        sources: tuple[SourceRead, ...] = installation.sources
+        source = {
+            "source_tensor": installation.source_name,
+            "source_storage_bytes": sum(read.storage_bytes for read in sources),
+            "sources": sources,
+            "read_kernel": installation.read_kernel,
+        }
+    credited = agreed.reclaimed_bytes if installation is not None else 0
+    return ReclaimReport(
+        device=where.device,
+        rank=where.rank,
+        world_size=where.world_size,
+        reclaimed_bytes=credited,
+        local_reclaimed_bytes=local.nbytes,
+        mechanism=installation.mechanism if installation is not None else "none",
+        reason=agreed.reason or (None if credited else local.reason or agreed.reason),
+        fallback_ranks=agreed.fallback_ranks,
+        seconds={name: round(value, 6) for name, value in seconds.items()},
+        **figures,
+        **source,
+    )
 
 
 def _reason(error: BaseException) -> str:
@@ -227,4 +407,4 @@ def _reason(error: BaseException) -> str:
         text = str(error)
     else:
         text = f"{type(error).__name__}: {error}"
-    return " ".join(text.split())[:500]
+    return shown(" ".join(text.split()), 500)

@@ -1,15 +1,16 @@
 """The ``flare.plugins`` entry point ``l2evict``: the hook implementations.
 
-pluggy registers this module itself; the start-up's report lives in one
+pluggy registers this module itself; the start-up's state lives in one
 :class:`~flare_l2evict._startup.L2EvictStartup` per process, the installation
 in :mod:`flare_l2evict._install`. Imports only runtime modules (a test pins it).
 """
 
 from __future__ import annotations
 
+from ._markers import hookimpl
 from ._report import ReclaimReport, StartupAudit
 from ._startup import L2EvictStartup
-from .hookspec import FlareRuntime, hookimpl
+from .hookspecs import FlareRuntime
 
 _STARTUP = L2EvictStartup()
 

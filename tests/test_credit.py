@@ -23,24 +23,24 @@ sizes = st.integers(min_value=-(1 << 40), max_value=1 << 40)
 
 
 @given(
-    installed=st.booleans(),
+    installable=st.booleans(),
     race_jobs=st.integers(min_value=-5, max_value=2048),
     stock=sizes,
     window=sizes,
     read=sizes,
 )
 def test_credit_is_bounded_and_zero_unless_the_window_is_read(
-    installed: bool, race_jobs: int, stock: int, window: int, read: int
+    installable: bool, race_jobs: int, stock: int, window: int, read: int
 ) -> None:
     got = credit(
-        installed=installed,
+        installable=installable,
         race_jobs=race_jobs,
         stock_buffer_bytes=stock,
         window_bytes=window,
         read_bytes=read,
     )
     assert 0 <= got.nbytes <= max(0, race_jobs) * max(0, stock)
-    if not installed or read < window or window <= 0:
+    if not installable or read < window or window <= 0:
         assert got.nbytes == 0
     assert (got.nbytes == 0) == (got.reason is not None)
 

@@ -11,7 +11,9 @@ from figures import MiB
 
 import flare_l2evict
 from flare_l2evict import (
+    EvictionHandle,
     InstallError,
+    StockBuffer,
     choose_source,
     install,
     prove_seam,
@@ -19,6 +21,7 @@ from flare_l2evict import (
 
 measurement = pytest.importorskip("b12x.preparation._measurement")
 STOCK = measurement._l2_flush_fn
+STOCK_BUFFER = StockBuffer(64 * MiB, measured=False)
 
 
 def choice(device: str = "cpu"):
@@ -33,11 +36,12 @@ def test_the_installed_b12x_passes_the_proof() -> None:
 
 
 def test_stock_seam_serves_this_device_and_defers_elsewhere() -> None:
-    installation = install(choice(), prove_seam(), 64 * MiB)
+    installation = install(choice(), prove_seam(), STOCK_BUFFER)
     assert installation.mechanism == "stock-seam"
     seam = measurement._l2_flush_fn
     assert seam is not STOCK
-    assert seam(torch.device("cpu"), enabled=True) is installation.eviction
+    handed = seam(torch.device("cpu"), enabled=True)
+    assert isinstance(handed, EvictionHandle) and handed.eviction is installation.eviction
     # Disabled calls go to b12x's own function (which returns None).
     assert seam(torch.device("cuda", 3), enabled=False) is None
     assert seam(torch.device("cpu"), enabled=False) is None
@@ -47,7 +51,7 @@ def test_stock_seam_serves_this_device_and_defers_elsewhere() -> None:
 
 
 def test_restore_puts_stock_back_and_releases() -> None:
-    installation = install(choice(), prove_seam(), 64 * MiB)
+    installation = install(choice(), prove_seam(), STOCK_BUFFER)
     installation.restore()
     assert measurement._l2_flush_fn is STOCK
     assert installation.views() == ()
@@ -57,14 +61,14 @@ def test_restore_puts_stock_back_and_releases() -> None:
 
 
 def test_installing_twice_is_a_no_op() -> None:
-    first = install(choice(), prove_seam(), 64 * MiB)
+    first = install(choice(), prove_seam(), STOCK_BUFFER)
     seam = measurement._l2_flush_fn
-    assert install(choice(), prove_seam(), 64 * MiB) is first
+    assert install(choice(), prove_seam(), STOCK_BUFFER) is first
     assert measurement._l2_flush_fn is seam
 
 
 def test_the_proof_unwraps_an_installed_seam() -> None:
-    install(choice(), prove_seam(), 64 * MiB)
+    install(choice(), prove_seam(), STOCK_BUFFER)
     assert prove_seam().original is STOCK
 
 
@@ -95,7 +99,7 @@ def test_fork_api_is_preferred_when_present(monkeypatch: pytest.MonkeyPatch) -> 
     fork_stand_in = types.ModuleType("b12x.comm.pcie")
     fork_stand_in.use_startup_eviction = handed.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
-    installation = install(choice(), None, 64 * MiB)
+    installation = install(choice(), None, STOCK_BUFFER)
     assert installation.mechanism == "fork"
     assert isinstance(handed[0], torch.Tensor) and handed[0].nbytes == 1024
     assert measurement._l2_flush_fn is STOCK  # the stock seam is not touched

@@ -17,7 +17,7 @@ from fake_b12x import (
 from figures import MiB
 
 import flare_l2evict
-from flare_l2evict import WeightEviction, plugin
+from flare_l2evict import EvictionHandle, plugin
 from flare_l2evict.tools.reference_host import plugin_manager
 
 L2 = 8 * MiB  # the fakes' L2; stock's window is then max(16 MiB, 64 MiB) = 64 MiB
@@ -50,8 +50,8 @@ def test_stock_shaped_fake_is_served_and_credited_exactly(
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2))
     report, saved, evictions, audit = start(make_runtime, weights)
-    assert all(isinstance(e, WeightEviction) for e in evictions)
-    assert report.reclaimed_bytes == saved - flare_l2evict.OWN_BYTES
+    assert all(isinstance(e, EvictionHandle) for e in evictions)
+    assert report.reclaimed_bytes == saved - flare_l2evict.CREDIT_OVERHEAD_BYTES
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
 
 
@@ -60,7 +60,7 @@ def test_a_session_that_binds_the_seam_at_import_is_redirected_too(
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, session=SESSION_BOUND_AT_IMPORT))
     report, saved, evictions, _ = start(make_runtime, weights)
-    assert all(isinstance(e, WeightEviction) for e in evictions)
+    assert all(isinstance(e, EvictionHandle) for e in evictions)
     assert 0 < report.reclaimed_bytes <= saved
     session = __import__("b12x.preparation.session").preparation.session
     assert session._l2_flush_fn.__name__ == "_l2_flush_fn"

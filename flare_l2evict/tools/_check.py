@@ -13,10 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._credit import credit
 from .._errors import InstallError
-from .._eviction import read_bytes_for
 from .._seam import fork_function, measure_stock_buffer, prove_seam, versions
 from .._settings import load_deployment_config, settings_from_config
-from .._source import _matches, largest_first
 from .._window import device_l2_bytes, stock_buffer_bytes
 
 if TYPE_CHECKING:
@@ -47,9 +45,7 @@ def run_check(args: argparse.Namespace, profile: DeviceProfile, device: torch.de
     else:
         l2 = profile.l2_cache_bytes
         print(f"device: {device} (L2 {l2:,} bytes, profile {profile.name})")
-    reasons: list[str] = []
-    if not settings.enabled:
-        reasons.append("disabled by config (enabled = false)")
+    blocked: str | None = None
     stock_bytes = stock_buffer_bytes(l2)
     measured = False
     if fork_function() is not None:
@@ -59,7 +55,7 @@ def run_check(args: argparse.Namespace, profile: DeviceProfile, device: torch.de
             proof = prove_seam()
         except InstallError as error:
             print(f"seam: falls back: {error}")
-            reasons.append(str(error))
+            blocked = str(error)
         else:
             extra = f"; {len(proof.bindings)} extra bindings redirected" if proof.bindings else ""
             print(f"seam: installs (stock b12x's _l2_flush_fn{extra})")
@@ -69,37 +65,39 @@ def run_check(args: argparse.Namespace, profile: DeviceProfile, device: torch.de
     print(f"stock buffer per race job: {stock_bytes:,} bytes ({how})")
     window = settings.window_bytes(l2)
     print(f"window: {window:,} bytes ({settings.window})")
-    read = window
-    if args.checkpoint:
-        from ._headers import read_checkpoint
-
-        headers = read_checkpoint(args.checkpoint)
-        names = [t.name for t in headers]
-        sizes = [t.nbytes for t in headers]
-        pattern = _matches(settings.exclude)
-
-        def eligible(i: int) -> bool:
-            return sizes[i] > 0 and (pattern is None or not pattern.match(names[i]))
-
-        picked, total = largest_first(names, sizes, list, eligible, window)
-        read = read_bytes_for([sizes[i] for i, _ in picked], window)
-        if total < window:
-            reasons.append(f"the checkpoint's storages hold {total:,} bytes, below the window")
-            print(f"storage read: none ({reasons[-1]})")
-        else:
-            shown = ", ".join(f"{name} ({sizes[i]:,} bytes)" for i, name in picked)
-            print(f"storage read: {shown}")
-    else:
+    if not args.checkpoint:
         print("storage read: not checked (pass this rank's checkpoint files to check it)")
-    granted = credit(
-        installed=not reasons,
-        race_jobs=profile.race_jobs,
-        stock_buffer_bytes=stock_bytes,
-        window_bytes=window,
-        read_bytes=read,
-    )
+        decision = None
+        # Without a checkpoint, assume the window is covered: the verdict is about the machine.
+        granted = credit(
+            installable=blocked is None and settings.enabled,
+            race_jobs=profile.race_jobs,
+            stock_buffer_bytes=stock_bytes,
+            window_bytes=window,
+            read_bytes=window,
+        )
+        reason = (
+            "disabled by config (enabled = false)" if not settings.enabled else blocked
+        ) or granted.reason
+    else:
+        from ._headers import read_checkpoint
+        from ._plan import decide_shard, shard_of
+
+        decision = decide_shard(
+            shard_of(read_checkpoint(args.checkpoint)),
+            settings,
+            l2_cache_bytes=l2,
+            race_jobs=profile.race_jobs,
+            stock_buffer_bytes=stock_bytes,
+            blocked=blocked,
+        )
+        granted, reason = decision.credit, decision.credit.reason
+        if decision.sources:
+            shown = ", ".join(f"{s.name} ({s.storage_bytes:,} bytes)" for s in decision.sources)
+            print(f"storage read: {shown}")
+        else:
+            print(f"storage read: none ({decision.choice.shortfall or reason})")
     if granted.nbytes == 0:
-        reason = reasons[0] if reasons else granted.reason
         print(f"verdict: falls back, credit 0 bytes: {reason}")
         return 1
     print(

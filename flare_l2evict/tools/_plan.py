@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
-from .._credit import credit
-from .._eviction import read_bytes_for
+from .._decision import Decision, Storages, decide
 from .._settings import L2EvictSettings
-from .._source import _matches, largest_first
 from .._window import stock_buffer_bytes
 from ._headers import TensorHeader
+
+_ALLOCATION = 512  # torch's CUDA allocator rounds every tensor it loads to this
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,39 @@ def split_evenly(tensors: Sequence[TensorHeader], tp: int, dim: int) -> tuple[li
     return [shard] * tp, rule
 
 
+def decide_shard(
+    shard: Shard,
+    settings: L2EvictSettings,
+    *,
+    l2_cache_bytes: int,
+    race_jobs: int,
+    stock_buffer_bytes: int,
+    blocked: str | None = None,
+) -> Decision:
+    """Start-up's own decision (:func:`flare_l2evict.decide`) on one rank's tensors.
+
+    safetensors' loader gives each tensor a storage of its own, so each gets an
+    address range of its own, apart from every other; shared by ``plan`` and
+    ``check``.
+    """
+    starts: list[int] = []
+    address = _ALLOCATION
+    for size in shard.sizes:
+        starts.append(address)
+        address += -(-max(size, 1) // _ALLOCATION) * _ALLOCATION
+    if not settings.enabled:
+        blocked = "disabled by config (plugins.l2evict.enabled = false)"
+    return decide(
+        Storages(shard.names, list(shard.sizes), starts),
+        window_bytes=settings.window_bytes(l2_cache_bytes),
+        exclude=settings.exclude,
+        race_jobs=race_jobs,
+        stock_buffer_bytes=stock_buffer_bytes,
+        blocked=blocked,
+        where="this rank's checkpoint",
+    )
+
+
 def plan_rank(
     rank: int,
     shard: Shard,
@@ -87,47 +120,26 @@ def plan_rank(
     race_jobs: int,
     kv_bytes_per_token: int | None,
 ) -> RankPlan:
-    """The plugin's choice for one rank, with safetensors' one storage per tensor."""
-    window = settings.window_bytes(l2_cache_bytes)
-
-    def outcome(
-        reclaimed: int, reason: str | None, picked: Sequence[tuple[int, str]] = ()
-    ) -> RankPlan:
-        gained = None if kv_bytes_per_token is None else reclaimed // kv_bytes_per_token
-        return RankPlan(
-            rank=rank,
-            tensor=picked[0][1] if picked else None,
-            storage_bytes=sum(sizes[i] for i, _ in picked),
-            sources=tuple(name for _, name in picked),
-            window_bytes=window,
-            reclaimed_bytes=reclaimed,
-            kv_tokens_gained=gained,
-            reason=reason,
-        )
-
-    names, sizes = shard
-    if not settings.enabled:
-        return outcome(0, "disabled by config (plugins.l2evict.enabled = false)")
-    pattern = _matches(settings.exclude)
-
-    def eligible(i: int) -> bool:
-        return sizes[i] > 0 and (pattern is None or not pattern.match(names[i]))
-
-    picked, total = largest_first(names, sizes, list, eligible, window)
-    if total < window:
-        return outcome(
-            0,
-            f"no storage covers the {window:,}-byte eviction window "
-            f"({len(picked)} eligible storages hold {total:,} bytes)",
-        )
-    granted = credit(
-        installed=True,
+    """The plugin's choice for one rank, as start-up would make it on the loaded tensors."""
+    decision = decide_shard(
+        shard,
+        settings,
+        l2_cache_bytes=l2_cache_bytes,
         race_jobs=race_jobs,
         stock_buffer_bytes=stock_buffer_bytes(l2_cache_bytes),
-        window_bytes=window,
-        read_bytes=read_bytes_for([sizes[i] for i, _ in picked], window),
     )
-    return outcome(granted.nbytes, granted.reason, picked if granted.nbytes else ())
+    reclaimed = decision.credit.nbytes
+    sources = decision.sources if reclaimed else ()
+    return RankPlan(
+        rank=rank,
+        tensor=sources[0].name if sources else None,
+        storage_bytes=sum(source.storage_bytes for source in sources),
+        sources=tuple(source.name for source in sources),
+        window_bytes=decision.window_bytes,
+        reclaimed_bytes=reclaimed,
+        kv_tokens_gained=None if kv_bytes_per_token is None else reclaimed // kv_bytes_per_token,
+        reason=decision.credit.reason,
+    )
 
 
 def make_plan(

@@ -1,6 +1,6 @@
 """A reference flare host for tests and demos: not a server.
 
-It proves the host contract in :mod:`flare_l2evict.hookspec` end to end:
+It proves the host contract in :mod:`flare_l2evict.hookspecs` end to end:
 entry-point loading filtered by ``--plugin``, a deployment config, a
 safetensors checkpoint on a device, the start-up hooks, b12x race jobs, and a
 KV allocator that sizes the cache from what the plugins report.

@@ -19,11 +19,12 @@ from typing import Any
 import pluggy
 import torch
 
+from ..._credit import EVICTION_OUTPUT_BYTES
 from ..._errors import L2EvictError, PluginNotFoundError
-from ..._eviction import EVICTION_OWN_BYTES
+from ..._markers import ENTRY_POINT_GROUP, PROJECT_NAME
 from ..._report import ReclaimReport, StartupAudit
 from ..._window import stock_buffer_bytes
-from ...hookspec import ENTRY_POINT_GROUP, PROJECT_NAME, FlareStartupSpec
+from ...hookspecs import FlareStartupSpec
 from .._profiles import DeviceProfile
 from ._checkpoint import load_checkpoint
 
@@ -90,6 +91,7 @@ class StartupResult:
     kv_tokens: int
     report: ReclaimReport | None
     job_evictions: tuple[str, ...]
+    """Each race job's eviction: ``"weights"``, ``"stock"`` (its own buffer) or ``"none"``."""
     race_winners: tuple[int, ...] = ()
     race_peak_bytes: int | None = None
     cute_guard_stand_in: bool = False
@@ -269,8 +271,8 @@ class ReferenceHost:
                 evictions.append(eviction)
             modelled = sum(stock_buffer_bytes(l2) for e in evictions if not _reads_weights(e))
             if any(map(_reads_weights, evictions)):
-                modelled += EVICTION_OWN_BYTES  # the plugin's own outputs, once per process
-            return _RaceJobs(modelled, False, tuple(map(repr, evictions)))
+                modelled += EVICTION_OUTPUT_BYTES  # the plugin's own outputs, once per process
+            return _RaceJobs(modelled, False, tuple(map(_kind, evictions)))
         from ._races import cute_guard, gemm_candidates, run_race
 
         calls = gemm_candidates(self.device)
@@ -290,7 +292,7 @@ class ReferenceHost:
             winners = tuple(run_race(calls, self.device, e).winner for e in evictions)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base + hook_bytes
-        names = tuple(map(repr, evictions))
+        names = tuple(map(_kind, evictions))
         evictions.clear()
         return _RaceJobs(storage, True, names, winners, peak, stand_in)
 
@@ -306,6 +308,12 @@ class _RaceJobs:
 
 
 def _reads_weights(eviction: object) -> bool:
-    from ..._eviction import WeightEviction
+    from ..._eviction import EvictionHandle
 
-    return isinstance(eviction, WeightEviction)
+    return isinstance(eviction, EvictionHandle)
+
+
+def _kind(eviction: object) -> str:
+    if eviction is None:
+        return "none"
+    return "weights" if _reads_weights(eviction) else "stock"

@@ -1,9 +1,12 @@
 """The host contract: the hooks a flare host declares and calls, and what it passes.
 
-A host that does not declare these hooks yet can adopt them with::
+The markers live apart, in :mod:`flare_l2evict._markers` (re-exported as
+``flare_l2evict.hookspec`` and ``flare_l2evict.hookimpl``), as pluggy keeps its
+markers apart from the specs that use them. A host that does not declare these
+hooks yet can adopt them with::
 
     pm = pluggy.PluginManager("flare")
-    pm.add_hookspecs(flare_l2evict.hookspec.FlareStartupSpec)
+    pm.add_hookspecs(flare_l2evict.hookspecs.FlareStartupSpec)
     pm.load_setuptools_entrypoints("flare.plugins", name="l2evict")
 
 Call order, once per GPU process:
@@ -25,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import pluggy
+from ._markers import ENTRY_POINT_GROUP, PROJECT_NAME, hookimpl, hookspec
 
 if TYPE_CHECKING:
     import torch
@@ -33,14 +36,15 @@ if TYPE_CHECKING:
 
     from ._report import ReclaimReport, StartupAudit
 
-PROJECT_NAME = "flare"
-"""The pluggy project name of the flare runtime; hook markers are bound to it."""
-
-ENTRY_POINT_GROUP = "flare.plugins"
-"""The entry-point group a host loads plugins from, filtered by ``--plugin NAME``."""
-
-hookspec = pluggy.HookspecMarker(PROJECT_NAME)
-hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PROJECT_NAME",
+    "FlareRuntime",
+    "FlareStartupSpec",
+    "KVAllocator",
+    "hookimpl",
+    "hookspec",
+]
 
 
 @runtime_checkable
@@ -52,6 +56,9 @@ class KVAllocator(Protocol):
 
         Called at most once per start-up by this plugin, before the host sizes
         the KV cache. The figure is already agreed across tensor-parallel ranks.
+        It must not call ``before_first_capture`` again (such a call credits 0).
+        If it raises, the plugin assumes the credit may have been applied: the
+        eviction that backs it stays installed until ``startup_complete``.
         """
 
 
@@ -67,9 +74,11 @@ class FlareRuntime(Protocol):
         ``process_group`` is ``None`` for a single process, else the group
         whose ranks must size the KV cache alike.
 
-    The plugin checks every attribute once, at the start of
-    ``before_first_capture``; a missing or out-of-range one is reported in one
-    line naming it and what it accepts (see ``RuntimeContractError``).
+    The plugin reads every attribute once, at the start of
+    ``before_first_capture``; a missing, raising or out-of-range one is
+    reported in one line naming it and what it accepts (see
+    ``RuntimeContractError``). A ``process_group`` must hold exactly
+    ``world_size`` ranks, with this process at ``rank``.
     ``config``
         The deployment config as a mapping; the plugin reads ``plugins.l2evict``.
     ``race_jobs``
@@ -82,8 +91,10 @@ class FlareRuntime(Protocol):
     ``kv_allocator``
         See :class:`KVAllocator`.
     ``resident_tensors()``
-        The checkpoint tensors as loaded, by name. The plugin only reads them
-        and holds no reference after ``startup_complete``.
+        The checkpoint tensors as loaded, as a mapping of names to tensors
+        (called once). The plugin only reads them and holds no reference after
+        ``startup_complete``. Tensors whose storages overlap in memory count
+        once.
     """
 
     device: torch.device
@@ -105,10 +116,12 @@ class FlareStartupSpec:
     def before_first_capture(self, runtime: FlareRuntime) -> ReclaimReport | None:
         """The checkpoint is resident; no race job or graph capture has started.
 
-        A plugin that frees start-up memory hands a :class:`ReclaimReport` to
+        Called once per start-up, on every rank. A plugin that frees start-up
+        memory hands a :class:`ReclaimReport` to
         ``runtime.kv_allocator.add_reclaimed`` itself and returns the same
         report for the host's log. The host must not credit returned reports a
-        second time.
+        second time. A second call before ``startup_complete`` (re-entrant,
+        from another thread, or repeated) credits 0 and changes nothing.
         """
 
     @hookspec

@@ -1,0 +1,368 @@
+"""The start-up decision, torch-free: which bytes the eviction reads, and what may be credited.
+
+Start-up (:func:`flare_l2evict.choose_source` converts torch storages), ``check`` and
+``plan`` (safetensors headers) all call :func:`decide`, so what the tools print is
+what start-up does, by construction. The steps: storages by address range ->
+eligible -> largest first -> bytes read -> credit.
+
+Storages are identified by their address range ``[start, start + nbytes)``, not by
+the objects that hold them: two storage objects over one allocation (storage
+slices, one external buffer wrapped twice) are the same bytes. Chosen ranges
+that overlap are merged into one *region* whose bytes count once, and the
+eviction reads each byte at most once, so a window of N bytes always displaces
+N distinct bytes of L2.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import compress
+from typing import Protocol, TypeVar
+
+from ._credit import Credit, credit
+from ._window import WORD
+
+SKIP_REASONS = ("other device", "meta", "no storage", "empty or freed", "excluded", "misaligned")
+"""Why a tensor's storage is not read, in the order the shortfall line names them."""
+
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class Column(Protocol[_T_co]):
+    """Read-only, indexable by position: a list, or a column computed on demand."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> _T_co: ...
+
+
+@dataclass(frozen=True)
+class Storages:
+    """What a caller knows of the resident tensors: one entry per tensor, in columns.
+
+    ``sizes[i]`` and ``starts[i]`` are the byte size and address of the storage
+    behind tensor ``names[i]`` (a device address at start-up; a made-up,
+    non-overlapping one in ``plan``, where each tensor is its own storage).
+    ``skips[i]`` is why that storage cannot be read at all (``"other device"``,
+    ``"meta"``, ``"no storage"``) or ``None``; ``skips=None`` means none is
+    skipped. ``starts`` and ``skips`` are only asked for the largest storages
+    (and excluded names), so a caller may compute them on demand: columns, not
+    objects, because a checkpoint has 100,000 tensors.
+    """
+
+    names: Sequence[str]
+    sizes: list[int]
+    starts: Column[int]
+    skips: Column[str | None] | None = None
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Bytes the eviction reads from one storage: ``[offset, offset + nbytes)`` of it.
+
+    ``owner`` is the index (into :class:`Storages`) of a tensor whose storage
+    holds these bytes. ``offset`` and ``nbytes`` are whole float32 words, and the
+    piece's address is word-aligned.
+    """
+
+    owner: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Source:
+    """One region (chosen storages that overlap in memory, merged) the eviction reads.
+
+    ``name`` is the first name, in sort order, of the region's largest storage;
+    ``storage_bytes`` the region's distinct bytes; ``pieces`` what is read from
+    it, in address order, taken from the region's end.
+    """
+
+    name: str
+    storage_bytes: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(piece.nbytes for piece in self.pieces)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The regions to read, largest first, and what they cover.
+
+    Invariants a caller relies on: every piece lies inside its owner's storage;
+    no two pieces share a byte; ``shortfall`` is ``None`` exactly when
+    ``read_bytes >= window_bytes`` (the window rounded down to whole words is
+    read), else ``sources`` is empty and ``shortfall`` says why in one line.
+    """
+
+    window_bytes: int
+    sources: tuple[Source, ...]
+    read_bytes: int
+    shortfall: str | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """:func:`decide`'s answer: the choice, and the credit with its reason when it is 0."""
+
+    choice: Choice
+    credit: Credit
+
+    @property
+    def window_bytes(self) -> int:
+        return self.choice.window_bytes
+
+    @property
+    def read_bytes(self) -> int:
+        return self.choice.read_bytes
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        return self.choice.sources
+
+
+def exclude_pattern(exclude: Sequence[str]) -> re.Pattern[str] | None:
+    """One regular expression for a list of tensor-name globs (``None`` for none)."""
+    if not exclude:
+        return None
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in exclude))
+
+
+@dataclass
+class _Region:
+    start: int
+    end: int
+    name: str
+    largest: int
+    pieces: list[Piece] = field(default_factory=list)
+
+    @property
+    def readable(self) -> int:
+        return sum(piece.nbytes for piece in self.pieces)
+
+
+class _Union:
+    """The chosen storages' address ranges, merged into disjoint regions."""
+
+    def __init__(self) -> None:
+        self.regions: list[_Region] = []
+        self.readable = 0
+
+    def add(self, owner: int, name: str, start: int, size: int) -> None:
+        end = start + size
+        touching = [r for r in self.regions if r.start < end and start < r.end]
+        # The bytes no chosen storage holds yet, word-aligned, are this storage's to read.
+        gaps: list[tuple[int, int]] = []
+        cursor = start
+        for region in sorted(touching, key=lambda r: r.start):
+            if region.start > cursor:
+                gaps.append((cursor, region.start))
+            cursor = max(cursor, region.end)
+        if cursor < end:
+            gaps.append((cursor, end))
+        merged = _Region(start, end, name, size)
+        for region in touching:
+            self.regions.remove(region)
+            merged.start, merged.end = min(merged.start, region.start), max(merged.end, region.end)
+            merged.pieces.extend(region.pieces)
+            if region.largest > merged.largest or (
+                region.largest == merged.largest and region.name < merged.name
+            ):
+                merged.name, merged.largest = region.name, region.largest
+        for begin, stop in gaps:
+            begin, stop = -(-begin // WORD) * WORD, stop // WORD * WORD
+            if stop > begin:
+                merged.pieces.append(Piece(owner, begin - start, stop - begin))
+                self.readable += stop - begin
+        self.regions.append(merged)
+
+
+def choose(
+    storages: Storages,
+    window_bytes: int,
+    exclude: Sequence[str] = (),
+    *,
+    where: str = "the device",
+) -> Choice:
+    """The storages whose tail the eviction reads, largest first, until the window is covered.
+
+    Skipped storages (``storages.skips``), empty ones, storages that start off
+    a float32 boundary, and every storage that overlaps one viewed by a tensor
+    matching an ``exclude`` glob are never read. Ties in size go to the name
+    that sorts first, so the same tensors give the same choice. ``where`` names
+    the device in the shortfall line.
+    """
+    if window_bytes <= 0:
+        raise ValueError("window_bytes must be positive")
+    names, sizes, starts, skips = storages.names, storages.sizes, storages.starts, storages.skips
+    excluded = _excluded_ranges(storages, exclude_pattern(exclude))
+    union = _Union()
+    rejected: dict[str, int] = dict.fromkeys(SKIP_REASONS, 0)
+    by_size = _SameSize(sizes)
+
+    def take(j: int, start: int, size: int) -> None:
+        if start % WORD:
+            # A float32 read of a storage that starts off a word boundary faults on a GPU.
+            rejected["misaligned"] += 1
+        elif any(start < high and low < start + size for low, high in excluded):
+            rejected["excluded"] += 1
+        else:
+            union.add(j, names[j], start, size)
+
+    for size in sorted(set(sizes), reverse=True):
+        if size <= 0 or union.readable >= window_bytes:
+            break
+        views = by_size(size)
+        # Fast path: the view whose name sorts first names its storage, and that
+        # storage comes first among this size's; when it alone finishes the
+        # window, the grouping below would take exactly it. A C-level min over
+        # 100,000 fused-block views beats asking each view for its address.
+        j = min(views, key=names.__getitem__)
+        if not union.regions and size >= window_bytes and (skips is None or skips[j] is None):
+            take(j, starts[j], size)
+            if union.readable >= window_bytes:
+                break
+            union, rejected = _Union(), dict.fromkeys(SKIP_REASONS, 0)
+        first: dict[int, int] = {}  # storage start -> index of its first name
+        for j in views:
+            if skips is not None and skips[j] is not None:
+                continue
+            start = starts[j]
+            k = first.get(start)
+            if k is None or names[j] < names[k]:
+                first[start] = j
+        for start, j in sorted(first.items(), key=lambda item: names[item[1]]):
+            take(j, start, size)
+            if union.readable >= window_bytes:
+                break
+    window_words = window_bytes // WORD * WORD
+    if union.readable < window_words:
+        line = _shortfall(storages, window_bytes, union, rejected, where)
+        return Choice(window_bytes, (), 0, line)
+    regions = sorted(union.regions, key=lambda r: (-r.readable, r.name))
+    sources: list[Source] = []
+    remaining = window_words
+    for region in regions:
+        if remaining <= 0:
+            break
+        taken: list[Piece] = []
+        ordered = sorted(region.pieces, key=lambda p: starts[p.owner] + p.offset)
+        for piece in reversed(ordered):  # the region's end first: least likely to be warm
+            if remaining <= 0:
+                break
+            count = min(piece.nbytes, remaining)
+            taken.append(Piece(piece.owner, piece.offset + piece.nbytes - count, count))
+            remaining -= count
+        sources.append(Source(region.name, region.end - region.start, tuple(reversed(taken))))
+    read = sum(source.read_bytes for source in sources)
+    return Choice(window_bytes, tuple(sources), read, None)
+
+
+def _excluded_ranges(storages: Storages, pattern: re.Pattern[str] | None) -> list[tuple[int, int]]:
+    if pattern is None:
+        return []
+    matched = compress(range(len(storages.names)), map(pattern.match, storages.names))
+    skips = storages.skips
+    return [
+        (storages.starts[i], storages.starts[i] + storages.sizes[i])
+        for i in matched
+        if storages.sizes[i] > 0 and (skips is None or skips[i] is None)
+    ]
+
+
+def _shortfall(
+    storages: Storages, window_bytes: int, union: _Union, rejected: dict[str, int], where: str
+) -> str:
+    """The one line saying why the eligible storages cannot cover the window.
+
+    Called only when every storage was tried, so the counts are complete.
+    """
+    counts = dict(rejected)
+    skips = storages.skips
+    for i, size in enumerate(storages.sizes):
+        reason = None if skips is None else skips[i]
+        if reason is None and size <= 0:
+            reason = "empty or freed"
+        if reason is not None:
+            counts[reason] = counts.get(reason, 0) + 1
+    skipped = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+    return (
+        f"no storage on {where} covers the {window_bytes:,}-byte eviction window: "
+        f"{len(union.regions)} eligible regions hold {union.readable:,} distinct bytes"
+        + (f" (skipped: {skipped})" if skipped else "")
+        + "; stock b12x keeps its own buffer"
+    )
+
+
+class _SameSize:
+    """Indices of the tensors whose storage has a given size.
+
+    Views of one storage report the same storage size, so every view of a
+    candidate is among them. The first few sizes are found with C-level
+    passes (``list.index`` for a few views, ``compress`` over ``size.__eq__``
+    for many); past that one grouping pass serves the rest.
+    """
+
+    _SCANS = 8
+    _FEW = 16
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.scans = 0
+        self.groups: dict[int, list[int]] | None = None
+
+    def __call__(self, size: int) -> list[int]:
+        if self.groups is None and self.scans >= self._SCANS:
+            self.groups = {}
+            for i, value in enumerate(self.sizes):
+                self.groups.setdefault(value, []).append(i)
+        if self.groups is not None:
+            return self.groups.get(size, [])
+        self.scans += 1
+        if self.sizes.count(size) > self._FEW:
+            return list(compress(range(len(self.sizes)), map(size.__eq__, self.sizes)))
+        found: list[int] = []
+        index = self.sizes.index
+        try:
+            while True:
+                found.append(index(size, found[-1] + 1 if found else 0))
+        except ValueError:
+            return found
+
+
+def decide(
+    storages: Storages,
+    *,
+    window_bytes: int,
+    exclude: Sequence[str],
+    race_jobs: int,
+    stock_buffer_bytes: int,
+    blocked: str | None = None,
+    where: str = "the device",
+) -> Decision:
+    """What start-up installs and credits, given what the caller knows.
+
+    ``blocked`` is why nothing can be installed whatever the storages (b12x's
+    seam failed its proof, the plugin is disabled), or ``None``. The credit is
+    :func:`~flare_l2evict.credit` of the choice; its reason, when it is 0, is
+    the first of: ``blocked``, the choice's shortfall, the credit's own.
+    """
+    choice = choose(storages, window_bytes, exclude, where=where)
+    if blocked is not None:
+        return Decision(choice, Credit(0, blocked))
+    if choice.shortfall is not None:
+        return Decision(choice, Credit(0, choice.shortfall))
+    granted = credit(
+        installable=True,
+        race_jobs=race_jobs,
+        stock_buffer_bytes=stock_buffer_bytes,
+        window_bytes=window_bytes,
+        read_bytes=choice.read_bytes,
+    )
+    return Decision(choice, granted)
