@@ -11,7 +11,15 @@ from figures import OWN, MiB
 from tp_scenarios import worker
 
 STOCK = 64 * MiB  # max(2 x 16 MiB, 64 MiB)
-SCENARIOS = ["ok", "no_storage", "config_differs", "raises", "raises_raise", "fewer_jobs"]
+SCENARIOS = [
+    "ok",
+    "no_storage",
+    "config_differs",
+    "raises",
+    "raises_raise",
+    "fewer_jobs",
+    "group_mismatch",
+]
 
 
 def run_ranks(world_size: int, tmp_path: Path) -> list[dict]:
@@ -82,3 +90,15 @@ def test_the_minimum_wins(ranks: list[dict]) -> None:
     assert got[0]["local_reclaimed_bytes"] == 5 * STOCK - OWN
     assert got[1]["local_reclaimed_bytes"] == 3 * STOCK - OWN
     assert got[0]["mechanism"] == "stock-seam"
+
+
+def test_a_group_that_is_not_the_tensor_parallel_group_credits_zero_everywhere(
+    ranks: list[dict],
+) -> None:
+    got = reports(ranks, "group_mismatch")
+    assert len(got) == len(ranks)
+    assert {r["reclaimed_bytes"] for r in got} == {0}
+    assert {rank["group_mismatch"]["credited"] for rank in ranks} == {0}
+    for r in got:
+        assert "runtime.process_group has 1 ranks" in r["reason"]
+        assert f"runtime.world_size = {len(ranks)}" in r["reason"]

@@ -52,6 +52,10 @@ def _runtime(scenario: str, rank: int, world_size: int) -> object:
         world_size=world_size,
         process_group=dist.group.WORLD,
     )
+    if scenario == "group_mismatch":
+        # Every rank claims world_size ranks but passes a group of one (its own).
+        groups = [dist.new_group([r]) for r in range(world_size)]
+        runtime.process_group = groups[rank]
     if scenario.startswith("raises") and rank == 1:
         return RaisingRuntimeStandIn(runtime)
     return runtime

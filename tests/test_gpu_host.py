@@ -1,0 +1,147 @@
+"""On a real GPU: hosts that start up under inference mode, and storages that overlap in memory.
+
+Marker ``gpu``: skipped without CUDA. The host's runtime is the reference host's;
+b12x's seam, pluggy and torch are real.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+import torch
+from figures import OWN, MiB
+
+import flare_l2evict
+from flare_l2evict import EvictionHandle, plugin
+from flare_l2evict.tools.reference_host import (
+    ReferenceKVAllocator,
+    ReferenceRuntime,
+    plugin_manager,
+)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def device() -> torch.device:
+    return torch.device("cuda", 0)
+
+
+@pytest.fixture
+def measurement() -> object:
+    return pytest.importorskip("b12x.preparation._measurement")
+
+
+@pytest.fixture(autouse=True)
+def _finished() -> Iterator[None]:
+    yield
+    plugin.finish()
+    torch.cuda.empty_cache()
+
+
+def runtime_for(tensors: dict[str, torch.Tensor], device: torch.device) -> ReferenceRuntime:
+    return ReferenceRuntime(
+        device=device,
+        config={},
+        kv_allocator=ReferenceKVAllocator(1024),
+        race_jobs=5,
+        l2_cache_bytes=None,
+        tensors=tensors,
+    )
+
+
+def run_triton_once(device: torch.device) -> None:
+    """What a host that already runs Triton kernels has done before the hook."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def host_kernel(x):  # type: ignore[no-untyped-def]
+        tl.store(x + tl.arange(0, 16), tl.arange(0, 16).to(tl.float32))
+
+    out = torch.empty(16, device=device)
+    host_kernel[(1,)](out)
+    torch.cuda.synchronize(device)
+
+
+@pytest.mark.parametrize("host_runs_triton", [False, True], ids=["torch-read", "triton-read"])
+def test_a_host_under_inference_mode_races_outside_it(
+    device: torch.device, measurement: object, host_runs_triton: bool
+) -> None:
+    if host_runs_triton:
+        pytest.importorskip("triton")
+        run_triton_once(device)
+    with torch.inference_mode():
+        tensors = {
+            "model.layers.0.mlp.experts.w13_weight": torch.ones(512 * MiB // 4, device=device)
+        }
+        runtime = runtime_for(tensors, device)
+        (report,) = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)
+    expected = "triton" if host_runs_triton else "torch"
+    print(f"inference-mode host: {report.summary()}")
+    assert report.reclaimed_bytes > 0 and report.read_kernel == expected
+    handle = measurement._l2_flush_fn(device, enabled=True)  # type: ignore[attr-defined]
+    assert isinstance(handle, EvictionHandle)
+    for _ in range(3):
+        handle()  # outside inference mode, as b12x's races run
+    torch.cuda.synchronize(device)
+    assert handle.eviction.checksum() == pytest.approx(report.window_bytes / 4, rel=1e-5)
+
+
+def test_tensors_over_one_cuda_allocation_count_once(
+    device: torch.device, caplog: pytest.LogCaptureFixture
+) -> None:
+    l2 = int(torch.cuda.get_device_properties(device).L2_cache_size)
+    window = -(-max(2 * l2, 64 * MiB) // 4) * 4
+    block = torch.ones(window // 4 + 4096, device=device).untyped_storage()
+    nbytes = block.nbytes()
+    aliases = {
+        f"alias.{i}": torch.empty(0, device=device).set_(block[0:nbytes], 0, (nbytes // 4,), (1,))
+        for i in range(16)
+    }
+    runtime = runtime_for(aliases, device)
+    pm = plugin_manager(["l2evict"])
+    (report,) = pm.hook.before_first_capture(runtime=runtime)
+    # One allocation covers the window once: credited, with one region read once.
+    assert report.reclaimed_bytes == 5 * report.stock_buffer_bytes - OWN
+    (region,) = report.sources
+    assert region.storage_bytes == nbytes and region.read_bytes == window
+    held = [measurement_seam(device) for _ in range(runtime.race_jobs)]
+    for handle in held:
+        handle()
+    torch.cuda.synchronize(device)
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        audit = pm.hook.startup_complete(runtime=runtime)[0]
+    print(f"audit: {audit.summary()}")
+    assert audit.peak_alive == runtime.race_jobs and audit.unused_credit_bytes == 0
+    plugin.finish()
+    # Half the window over sixteen aliases of one allocation is not a window.
+    half = torch.ones(window // 8, device=device).untyped_storage()
+    short = {
+        f"alias.{i}": torch.empty(0, device=device).set_(half[0 : half.nbytes()]) for i in range(16)
+    }
+    (report,) = pm.hook.before_first_capture(runtime=runtime_for(short, device))
+    print(f"16 aliases of {half.nbytes():,} bytes: {report.summary()}")
+    assert report.reclaimed_bytes == 0 and "1 eligible regions" in (report.reason or "")
+    assert flare_l2evict.active_installation() is None
+
+
+def measurement_seam(device: torch.device) -> EvictionHandle:
+    module = pytest.importorskip("b12x.preparation._measurement")
+    handle = module._l2_flush_fn(device, enabled=True)
+    assert isinstance(handle, EvictionHandle)
+    return handle
+
+
+def test_a_storage_off_a_word_boundary_is_skipped_not_faulted(device: torch.device) -> None:
+    l2 = int(torch.cuda.get_device_properties(device).L2_cache_size)
+    window = -(-max(2 * l2, 64 * MiB) // 4) * 4
+    raw = torch.ones(window + 4096, dtype=torch.uint8, device=device).untyped_storage()
+    skewed = torch.empty(0, dtype=torch.uint8, device=device).set_(raw[1 : raw.nbytes()])
+    (report,) = plugin_manager(["l2evict"]).hook.before_first_capture(
+        runtime=runtime_for({"skewed": skewed}, device)
+    )
+    print(f"a storage at an odd address: {report.summary()}")
+    assert report.reclaimed_bytes == 0 and "1 misaligned" in (report.reason or "")

@@ -1,0 +1,475 @@
+"""A hostile host: every behaviour a KV allocator or runtime object may show, with its outcome.
+
+The host's runtime and allocator are code the plugin does not own, so they are
+stand-ins here (named as such); pluggy, the plugin, b12x's seam and torch are real.
+
+Behaviour -> outcome:
+
+- allocator applies the credit, then raises -> the credit stays backed: eviction kept
+  until startup_complete; report and audit say it raised;
+- allocator raises before applying -> the same (the plugin cannot tell the two apart);
+- allocator re-enters before_first_capture -> the inner call credits 0 and touches
+  nothing; one credit in all;
+- two threads call the hook at once -> one credit in all; the other call credits 0;
+- storages that overlap in memory -> counted once; a window they cannot cover: 0;
+- an attribute (or add_reclaimed) is a raising property -> 0 with one line naming it;
+- resident_tensors() returns a bare tensor -> 0 with one line; never iterated;
+- hook under torch.inference_mode(), races outside -> races run (torch read here,
+  Triton on GPU in test_gpu_host.py);
+- on_error = "raise" with a contract violation -> one line raised, stock b12x restored;
+- KeyboardInterrupt/SystemExit from add_reclaimed -> propagates; eviction kept; the
+  audit records it;
+- BaseException before the offer -> propagates; nothing installed;
+- L2 of 50 MiB + 1 byte, no window set -> credited: stock's window in whole words;
+- fewer evictions alive at once than race_jobs -> audit WARNING naming the bytes.
+
+A process group whose size differs from ``world_size`` is in ``test_tp_gloo.py``
+(real gloo processes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from figures import OWN, MiB
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import flare_l2evict
+from flare_l2evict import EvictionHandle, L2EvictError, ReclaimReport, plugin
+from flare_l2evict.tools.reference_host import plugin_manager
+
+measurement = pytest.importorskip("b12x.preparation._measurement")
+STOCK_SEAM = measurement._l2_flush_fn
+
+L2 = 32 * MiB
+JOBS = 5
+CREDIT = JOBS * 64 * MiB - OWN  # stock's window there is max(2 x 32 MiB, 64 MiB)
+ATTRIBUTES = (
+    "device",
+    "rank",
+    "world_size",
+    "process_group",
+    "config",
+    "race_jobs",
+    "l2_cache_bytes",
+    "kv_allocator",
+    "resident_tensors",
+)
+
+
+@dataclass
+class HostileRuntimeStandIn:
+    """A host runtime that can misbehave: raising properties and slow tensors.
+
+    ``raising`` names the attribute whose read raises; ``slow`` seconds pass in
+    ``resident_tensors()``; ``tensors`` is whatever that returns.
+    """
+
+    kv_allocator: Any
+    tensors: Any
+    config: Any = field(default_factory=dict)
+    raising: str | None = None
+    slow: float = 0.0
+    rank_: Any = 0
+    world_size_: Any = 1
+    race_jobs_: Any = JOBS
+
+    def _read(self, name: str, value: Any) -> Any:
+        if self.raising == name:
+            raise RuntimeError(f"host property {name} exploded")
+        return value
+
+    device = property(lambda self: self._read("device", torch.device("cpu")))
+    rank = property(lambda self: self._read("rank", self.rank_))
+    world_size = property(lambda self: self._read("world_size", self.world_size_))
+    process_group = property(lambda self: self._read("process_group", None))
+    race_jobs = property(lambda self: self._read("race_jobs", self.race_jobs_))
+    l2_cache_bytes = property(lambda self: self._read("l2_cache_bytes", L2))
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("kv_allocator", "config") and object.__getattribute__(self, "raising") == name:
+            raise RuntimeError(f"host property {name} exploded")
+        if name == "resident_tensors" and object.__getattribute__(self, "raising") == name:
+            raise RuntimeError("host property resident_tensors exploded")
+        return object.__getattribute__(self, name)
+
+    def resident_tensors(self) -> Any:
+        time.sleep(self.slow)
+        return self.tensors
+
+
+class HostileAllocatorStandIn:
+    """A host KV allocator with a chosen misbehaviour.
+
+    ``mode``: ``ok``; ``raise-before`` (refuses, applies nothing);
+    ``apply-then-raise``; ``re-enter`` (calls the hook again from inside);
+    ``keyboard`` (applies, then KeyboardInterrupt); ``exit`` (SystemExit).
+    ``applied`` is what it really added to its budget.
+    """
+
+    def __init__(self, mode: str = "ok", pm: Any = None, runtime: Any = None) -> None:
+        self.mode, self.pm, self.runtime = mode, pm, runtime
+        self.applied = 0
+        self.inner: list[ReclaimReport] = []
+
+    def add_reclaimed(self, report: ReclaimReport) -> None:
+        if self.mode == "raise-before":
+            raise RuntimeError("allocator refused")
+        self.applied += report.reclaimed_bytes
+        if self.mode == "apply-then-raise":
+            raise RuntimeError("allocator applied, then failed")
+        if self.mode == "re-enter":
+            self.inner.extend(self.pm.hook.before_first_capture(runtime=self.runtime))
+        if self.mode == "keyboard":
+            raise KeyboardInterrupt
+        if self.mode == "exit":
+            raise SystemExit(3)
+
+
+def weights(nbytes: int = 128 * MiB) -> dict[str, torch.Tensor]:
+    return {"model.layers.0.mlp.experts.w13_weight": torch.zeros(nbytes // 4)}
+
+
+PM = plugin_manager(["l2evict"])
+_WEIGHTS = object()
+
+
+def hostile(mode: str = "ok", tensors: Any = _WEIGHTS, **kwargs: Any) -> HostileRuntimeStandIn:
+    allocator = HostileAllocatorStandIn(mode, PM)
+    runtime = HostileRuntimeStandIn(
+        allocator, weights() if tensors is _WEIGHTS else tensors, **kwargs
+    )
+    allocator.runtime = runtime
+    return runtime
+
+
+def hook(runtime: HostileRuntimeStandIn) -> ReclaimReport:
+    (report,) = PM.hook.before_first_capture(runtime=runtime)
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _finished() -> Iterator[None]:
+    yield
+    plugin.finish()
+
+
+def seam_is_ours() -> bool:
+    return measurement._l2_flush_fn is not STOCK_SEAM
+
+
+# 1. An allocator that applies the credit, then raises: the credit stays backed.
+@pytest.mark.parametrize("mode", ["apply-then-raise", "raise-before"])
+def test_an_allocator_that_raises_keeps_the_eviction_until_startup_complete(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = hostile(mode)
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        report = hook(runtime)
+    assert report.reclaimed_bytes == CREDIT
+    assert report.allocator_error is not None and "allocator" in report.allocator_error
+    assert runtime.kv_allocator.applied == (CREDIT if mode == "apply-then-raise" else 0)
+    installation = flare_l2evict.active_installation()
+    assert installation is not None and installation.offered_bytes == CREDIT
+    assert seam_is_ours()
+    assert isinstance(measurement._l2_flush_fn(torch.device("cpu"), enabled=True), EvictionHandle)
+    (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
+    assert line.levelno == logging.WARNING and "RAISED" in line.getMessage()
+    audit = plugin.finish()
+    assert audit.allocator_error is not None and "RAISED" in audit.summary()
+    assert not seam_is_ours()
+
+
+def test_an_allocator_that_raises_under_on_error_raise_raises_but_keeps_the_eviction() -> None:
+    runtime = hostile("apply-then-raise", config={"plugins": {"l2evict": {"on_error": "raise"}}})
+    with pytest.raises(L2EvictError, match=r"add_reclaimed raised.*stays installed"):
+        hook(runtime)
+    assert runtime.kv_allocator.applied == CREDIT
+    assert seam_is_ours()  # the credit may have been applied
+    plugin.finish()
+    assert not seam_is_ours()
+
+
+# 2. An allocator that re-enters the hook.
+def test_an_allocator_that_re_enters_the_hook_gets_one_credit() -> None:
+    runtime = hostile("re-enter")
+    report = hook(runtime)
+    assert report.reclaimed_bytes == CREDIT
+    (inner,) = runtime.kv_allocator.inner
+    assert inner.reclaimed_bytes == 0 and "re-entrant call" in inner.reason
+    assert runtime.kv_allocator.applied == CREDIT  # the inner call touched no allocator
+
+
+# 3. Two threads at once, with a slow resident_tensors().
+def test_two_threads_at_once_make_one_credit() -> None:
+    runtimes = [hostile(slow=0.2), hostile(slow=0.2)]
+    reports: list[ReclaimReport] = []
+    start = threading.Barrier(2)
+
+    def call(runtime: HostileRuntimeStandIn) -> None:
+        start.wait()
+        reports.append(hook(runtime))
+
+    threads = [threading.Thread(target=call, args=(r,)) for r in runtimes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(r.reclaimed_bytes for r in reports) == [0, CREDIT]
+    refused = next(r for r in reports if r.reclaimed_bytes == 0)
+    assert "concurrent call" in refused.reason
+    assert sum(r.kv_allocator.applied for r in runtimes) == CREDIT
+
+
+# 4. Storages that overlap in memory count once.
+def aliases(count: int, nbytes: int) -> dict[str, torch.Tensor]:
+    """``count`` distinct storage objects over one allocation (storage slices)."""
+    base = torch.zeros(nbytes // 4).untyped_storage()
+    return {
+        f"alias.{i}": torch.empty(0).set_(base[0:nbytes], 0, (nbytes // 4,), (1,))
+        for i in range(count)
+    }
+
+
+def test_storages_that_overlap_in_memory_count_once() -> None:
+    tensors = aliases(130, MiB)
+    assert len({id(t.untyped_storage()) for t in tensors.values()}) == 130
+    report = hook(hostile(tensors=tensors))
+    assert report.reclaimed_bytes == 0
+    assert "1 eligible regions hold 1,048,576 distinct bytes" in report.reason
+
+
+def test_partly_overlapping_storages_are_read_once_each_byte() -> None:
+    base = torch.zeros(96 * MiB // 4).untyped_storage()
+    tensors = {
+        "a": torch.empty(0).set_(base[0 : 64 * MiB], 0, (16 * MiB,), (1,)),
+        "b": torch.empty(0).set_(base[32 * MiB : 96 * MiB], 0, (16 * MiB,), (1,)),
+    }
+    choice = flare_l2evict.choose_source(tensors, "cpu", 96 * MiB)
+    (region,) = choice.storages
+    assert region.nbytes == 96 * MiB and choice.read_bytes == 96 * MiB
+    with pytest.raises(flare_l2evict.SourceError, match=r"96.*distinct bytes"):
+        flare_l2evict.choose_source(tensors, "cpu", 128 * MiB)  # 2 x 64 MiB, but 96 distinct
+
+
+# 5. Any attribute may be a property that raises.
+@pytest.mark.parametrize("name", [*ATTRIBUTES, "add_reclaimed"])
+def test_a_raising_property_gives_zero_and_one_line(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = hostile()
+    if name == "add_reclaimed":
+        runtime.kv_allocator = RaisingAddReclaimedStandIn()
+    else:
+        runtime.raising = name
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        report = hook(runtime)
+    assert report.reclaimed_bytes == 0
+    shown = "kv_allocator" if name == "add_reclaimed" else name
+    assert f"runtime.{shown}" in report.reason and "exploded" in report.reason
+    assert flare_l2evict.active_installation() is None and not seam_is_ours()
+    (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
+    assert line.levelno == logging.WARNING and "\n" not in line.getMessage()
+
+
+class RaisingAddReclaimedStandIn:
+    """An allocator whose add_reclaimed is a property that raises."""
+
+    @property
+    def add_reclaimed(self) -> Callable[[object], None]:
+        raise RuntimeError("host property add_reclaimed exploded")
+
+
+# 6. resident_tensors() returns a bare tensor.
+class NeverIteratedTensorStandIn(torch.Tensor):
+    """A tensor that fails the test if anything iterates its elements."""
+
+    def __iter__(self) -> Iterator[Any]:
+        raise AssertionError("the plugin iterated a tensor's elements")
+
+
+def test_a_bare_tensor_from_resident_tensors_is_named_without_iterating_it() -> None:
+    bare = torch.zeros(4_000_000).as_subclass(NeverIteratedTensorStandIn)
+    report = hook(hostile(tensors=bare))
+    assert report.reclaimed_bytes == 0
+    assert "resident_tensors() returned a Tensor of shape (4000000,)" in report.reason
+    assert "not a mapping of names to tensors" in report.reason
+
+
+@pytest.mark.parametrize(
+    ("returned", "named"), [([1, 2], "a list of 2 items"), (None, "a NoneType")]
+)
+def test_other_non_mappings_are_named(returned: object, named: str) -> None:
+    report = hook(hostile(tensors=returned))
+    assert report.reclaimed_bytes == 0 and f"returned {named}" in report.reason
+
+
+# 7. The hook under torch.inference_mode(), the races outside it (torch read path on CPU).
+def test_races_outside_inference_mode_use_an_eviction_made_inside_it() -> None:
+    runtime = hostile()
+    with torch.inference_mode():
+        runtime.tensors = weights()  # loaded under inference mode, as many hosts do
+        report = hook(runtime)
+    assert report.reclaimed_bytes == CREDIT and report.read_kernel == "torch"
+    eviction = measurement._l2_flush_fn(torch.device("cpu"), enabled=True)
+    eviction()  # would raise "Inplace update to inference tensor outside InferenceMode"
+    eviction()
+    assert isinstance(eviction, EvictionHandle) and eviction.eviction.checksum() == 0.0
+
+
+# 8. on_error = "raise" raises for every contract violation, after restoring stock b12x.
+@pytest.mark.parametrize(
+    ("change", "line"),
+    [
+        ({"race_jobs_": -1}, "runtime.race_jobs = -1"),
+        ({"world_size_": 2}, "runtime.process_group = None"),
+        ({"config": {"plugins": {"l2evict": {"on_error": "raise", "x": 1}}}}, "unknown key"),
+        ({"raising": "device"}, "runtime.device raised RuntimeError"),
+    ],
+    ids=["race_jobs", "no-group", "unknown-key", "raising-device"],
+)
+def test_on_error_raise_raises_for_contract_violations(change: dict[str, Any], line: str) -> None:
+    runtime = hostile()
+    runtime.config = {"plugins": {"l2evict": {"on_error": "raise"}}}
+    for name, value in change.items():
+        setattr(runtime, name, value)
+    with pytest.raises(L2EvictError, match="on_error = 'raise'") as raised:
+        hook(runtime)
+    assert line in str(raised.value) and "\n" not in str(raised.value)
+    assert runtime.kv_allocator.applied == 0
+    assert flare_l2evict.active_installation() is None and not seam_is_ours()
+
+
+# 10. KeyboardInterrupt / SystemExit from add_reclaimed.
+@pytest.mark.parametrize(("mode", "kind"), [("keyboard", KeyboardInterrupt), ("exit", SystemExit)])
+def test_a_base_exception_from_the_allocator_propagates_and_keeps_the_backing(
+    mode: str, kind: type[BaseException]
+) -> None:
+    runtime = hostile(mode)
+    with pytest.raises(kind):
+        hook(runtime)
+    assert runtime.kv_allocator.applied == CREDIT
+    assert seam_is_ours()
+    audit = plugin.finish()
+    assert audit.allocator_error is not None and kind.__name__ in audit.allocator_error
+    assert audit.credited_bytes == CREDIT
+    assert not seam_is_ours()
+
+
+def test_a_base_exception_before_the_offer_leaves_nothing_installed() -> None:
+    class InterruptedTensorsStandIn(dict[str, torch.Tensor]):
+        def __iter__(self) -> Iterator[str]:
+            raise KeyboardInterrupt
+
+    runtime = hostile(tensors=InterruptedTensorsStandIn(weights()))
+    with pytest.raises(KeyboardInterrupt):
+        hook(runtime)
+    assert flare_l2evict.active_installation() is None and not seam_is_ours()
+    assert runtime.kv_allocator.applied == 0
+
+
+# 11. An L2 that is not a whole number of words, with no window set.
+def test_an_odd_l2_with_the_stock_window_is_credited() -> None:
+    runtime = hostile(tensors=weights(256 * MiB))
+    odd = 50 * MiB + 1
+    runtime.__class__ = type(
+        "OddL2RuntimeStandIn", (HostileRuntimeStandIn,), {"l2_cache_bytes": odd}
+    )
+    report = hook(runtime)
+    stock = -(-max(2 * odd, 64 * MiB) // 4) * 4
+    assert report.window_bytes == stock
+    assert report.reclaimed_bytes == JOBS * stock - OWN
+
+
+# 8 (issue item 8). The audit holds race_jobs to the evictions alive at once.
+def test_fewer_evictions_alive_than_race_jobs_is_a_warning_in_bytes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hook(hostile())
+    for _ in range(JOBS):  # one job at a time: each drops its eviction before the next
+        measurement._l2_flush_fn(torch.device("cpu"), enabled=True)()
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        audit = plugin.finish()
+    assert audit.peak_alive == 1 and audit.race_jobs == JOBS
+    assert audit.unused_credit_bytes == (JOBS - 1) * 64 * MiB
+    (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
+    assert line.levelno == logging.WARNING
+    assert f"UNUSED CREDIT {(JOBS - 1) * 64 * MiB:,} bytes" in line.getMessage()
+    assert "at most 1 evictions alive at once" in line.getMessage()
+
+
+def test_as_many_evictions_alive_as_race_jobs_audits_clean(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hook(hostile())
+    held = [measurement._l2_flush_fn(torch.device("cpu"), enabled=True) for _ in range(JOBS)]
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        audit = plugin.finish()
+    assert audit.peak_alive == JOBS == len(held) and audit.unused_credit_bytes == 0
+    (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
+    assert line.levelno == logging.INFO
+
+
+# 9 (issue item 9). A property over host behaviours.
+MODES = ["ok", "raise-before", "apply-then-raise", "re-enter", "keyboard"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    raising=st.one_of(st.none(), st.sampled_from(ATTRIBUTES)),
+    modes=st.lists(st.sampled_from(MODES), min_size=1, max_size=2),
+    overlapping=st.booleans(),
+    on_error=st.sampled_from(["fallback", "raise"]),
+)
+def test_no_host_behaviour_over_credits_or_leaves_a_credit_unbacked(
+    raising: str | None, modes: list[str], overlapping: bool, on_error: str
+) -> None:
+    tensors = aliases(8, 96 * MiB) if overlapping else weights()
+    runtimes = [hostile(mode, tensors=tensors, raising=raising) for mode in modes]
+    allocators = [object.__getattribute__(r, "kv_allocator") for r in runtimes]
+    for runtime in runtimes:
+        object.__setattr__(runtime, "config", {"plugins": {"l2evict": {"on_error": on_error}}})
+    escaped: list[BaseException] = []
+    start = threading.Barrier(len(runtimes))
+
+    def call(runtime: HostileRuntimeStandIn) -> None:
+        start.wait()
+        try:
+            hook(runtime)
+        except BaseException as error:  # collected; judged below
+            escaped.append(error)
+
+    threads = [threading.Thread(target=call, args=(r,)) for r in runtimes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    applied = sum(a.applied for a in allocators)
+    assert applied in (0, CREDIT)  # at most one credit, across every allocator
+    installation = flare_l2evict.active_installation()
+    if applied:
+        assert installation is not None and installation.offered_bytes == CREDIT
+        assert seam_is_ours()  # backed until startup_complete
+    for error in escaped:
+        expected_base = isinstance(error, KeyboardInterrupt) and "keyboard" in modes
+        expected_raise = on_error == "raise" and isinstance(error, L2EvictError)
+        assert expected_base or expected_raise, repr(error)
+    plugin.finish()
+    assert flare_l2evict.active_installation() is None and not seam_is_ours()
+
+
+def test_hostile_runtime_stand_in_is_a_runtime() -> None:
+    """The stand-in reads like a host's object, so the cases above test the real contract."""
+    runtime = hostile()
+    seen: Mapping[str, Any] = {name: getattr(runtime, name) for name in ATTRIBUTES}
+    assert seen["device"] == torch.device("cpu") and callable(seen["resident_tensors"])
+    report = hook(runtime)
+    assert report.reclaimed_bytes == CREDIT == runtime.kv_allocator.applied
