@@ -17,6 +17,7 @@ import torch
 
 from ._errors import RuntimeContractError
 from ._text import shown
+from .hookspecs import RUNTIME_ATTRIBUTES
 
 MAX_RACE_JOBS = 1024
 """More concurrent race jobs than any b12x start-up holds; above it the value is a host bug."""
@@ -25,17 +26,6 @@ MAX_L2_BYTES = 1 << 32
 """4 GiB: far above any GPU's L2 (128 MiB on GB202); above it the value is a host bug."""
 
 _CONTRACT = "see flare_l2evict.FlareRuntime"
-_ATTRIBUTES = (
-    "device",
-    "rank",
-    "world_size",
-    "process_group",
-    "config",
-    "race_jobs",
-    "l2_cache_bytes",
-    "kv_allocator",
-    "resident_tensors",
-)
 _MISSING = object()
 
 
@@ -104,7 +94,7 @@ def snapshot(runtime: object) -> Snapshot:
     """Read every contract attribute of ``runtime`` once; never raises an ``Exception``."""
     values: dict[str, object] = {}
     errors: dict[str, str] = {}
-    for name in _ATTRIBUTES:
+    for name in RUNTIME_ATTRIBUTES:
         try:
             values[name] = getattr(runtime, name, _MISSING)
         except Exception as error:  # a property of the host's that raises
@@ -200,7 +190,7 @@ def read_runtime(runtime: object | Snapshot) -> RuntimeFacts:
         found = seen.values[name]
         return None if found is _MISSING else found
 
-    for name in _ATTRIBUTES:
+    for name in RUNTIME_ATTRIBUTES:
         if name in seen.errors and name != "kv_allocator":
             raise bad(name, "an attribute that can be read")
     device = _device(value("device"))

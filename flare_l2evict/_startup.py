@@ -174,20 +174,9 @@ class L2EvictStartup:
             self._settle(generation, None)
             if isinstance(error, L2EvictError) or not isinstance(error, Exception):
                 raise  # on_error = "raise", KeyboardInterrupt, SystemExit
-            reason = f"internal error in flare_l2evict ({_reason(error)})"
-            log.warning("flare_l2evict: stock b12x eviction kept; reclaimed 0 bytes: %s", reason)
-            where = placement(snapshot(runtime))
-            return ReclaimReport(
-                device=where.device,
-                rank=where.rank,
-                world_size=where.world_size,
-                reclaimed_bytes=0,
-                mechanism="none",
-                reason=reason,
-            )
+            return _nothing(runtime, f"internal error in flare_l2evict ({_reason(error)})")
 
     def _refused(self, runtime: object, busy: _State) -> ReclaimReport:
-        where = placement(snapshot(runtime))
         installation = active_installation()
         if busy.thread == threading.get_ident() and busy.report is None:
             how = "re-entrant call (from inside this start-up's own hook, e.g. its KV allocator)"
@@ -201,15 +190,7 @@ class L2EvictStartup:
             "nothing; fix: call before_first_capture once per start-up, and startup_complete "
             "before starting again"
         )
-        log.warning("flare_l2evict: %s", reason)
-        return ReclaimReport(
-            device=where.device,
-            rank=where.rank,
-            world_size=where.world_size,
-            reclaimed_bytes=0,
-            mechanism="none",
-            reason=reason,
-        )
+        return _nothing(runtime, reason)
 
     def _run(self, runtime: object, generation: int) -> ReclaimReport:
         clock = _Clock()
@@ -361,6 +342,21 @@ class L2EvictStartup:
 _NO_REPORT = ReclaimReport(
     device="unknown", reclaimed_bytes=0, mechanism="none", reason="the hook did not finish"
 )
+
+
+def _nothing(runtime: object, reason: str) -> ReclaimReport:
+    """A report of 0 bytes for a call that changed nothing, logged as one WARNING line."""
+    where = placement(snapshot(runtime))
+    report = ReclaimReport(
+        device=where.device,
+        rank=where.rank,
+        world_size=where.world_size,
+        reclaimed_bytes=0,
+        mechanism="none",
+        reason=reason,
+    )
+    log.warning("flare_l2evict: this call changed nothing; %s", report.summary())
+    return report
 
 
 def _report(

@@ -39,12 +39,27 @@ if TYPE_CHECKING:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PROJECT_NAME",
+    "RUNTIME_ATTRIBUTES",
     "FlareRuntime",
     "FlareStartupSpec",
     "KVAllocator",
     "hookimpl",
     "hookspec",
 ]
+
+
+RUNTIME_ATTRIBUTES = (
+    "device",
+    "rank",
+    "world_size",
+    "process_group",
+    "config",
+    "race_jobs",
+    "l2_cache_bytes",
+    "kv_allocator",
+    "resident_tensors",
+)
+"""The attributes of :class:`FlareRuntime`, in the order the plugin reads and checks them."""
 
 
 @runtime_checkable

@@ -44,6 +44,7 @@ from hypothesis import strategies as st
 
 import flare_l2evict
 from flare_l2evict import EvictionHandle, L2EvictError, ReclaimReport, plugin
+from flare_l2evict.hookspecs import RUNTIME_ATTRIBUTES
 from flare_l2evict.tools.reference_host import plugin_manager
 
 measurement = pytest.importorskip("b12x.preparation._measurement")
@@ -52,17 +53,7 @@ STOCK_SEAM = measurement._l2_flush_fn
 L2 = 32 * MiB
 JOBS = 5
 CREDIT = JOBS * 64 * MiB - OWN  # stock's window there is max(2 x 32 MiB, 64 MiB)
-ATTRIBUTES = (
-    "device",
-    "rank",
-    "world_size",
-    "process_group",
-    "config",
-    "race_jobs",
-    "l2_cache_bytes",
-    "kv_allocator",
-    "resident_tensors",
-)
+ATTRIBUTES = RUNTIME_ATTRIBUTES
 
 
 @dataclass
