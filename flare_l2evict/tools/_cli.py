@@ -58,9 +58,9 @@ def _bounded(flag: str, low: int = 1) -> Any:
             value = int(text) if len(text) <= 30 else None
         except ValueError:
             value = None
-        if value is None:
+        if value is None and not _WHOLE.match(text):
             raise argparse.ArgumentTypeError(f"'{shown(text, 40)}' is not a whole number")
-        if not low <= value <= limit:
+        if value is None or not low <= value <= limit:
             raise argparse.ArgumentTypeError(
                 f"'{shown(text, 40)}' must be between {low} and {limit:,}"
             )
@@ -69,6 +69,7 @@ def _bounded(flag: str, low: int = 1) -> Any:
     return parse
 
 
+_WHOLE = re.compile(r"^\s*[+-]?\d+\s*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d{1,3})?)$")
 
 
