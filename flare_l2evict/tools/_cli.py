@@ -110,18 +110,28 @@ def _add_profile_flags(parser: argparse.ArgumentParser) -> None:
         "--profile",
         choices=sorted(PROFILES),
         default=DEFAULT_PROFILE,
+        metavar="|".join(sorted(PROFILES)),
         help=f"device to stand in for on a CPU (default {DEFAULT_PROFILE}, the seed's machine)",
     )
-    parser.add_argument("--l2-mib", type=_bounded("--l2-mib"), help="override the profile's L2")
     parser.add_argument(
-        "--race-jobs", type=_bounded("--race-jobs"), help="override the profile's race jobs"
+        "--l2-mib", type=_bounded("--l2-mib"), metavar="M", help="override the profile's L2"
     )
     parser.add_argument(
-        "--memory-gib", type=_bounded("--memory-gib"), help="override the profile's memory"
+        "--race-jobs",
+        type=_bounded("--race-jobs"),
+        metavar="J",
+        help="override the profile's race jobs",
+    )
+    parser.add_argument(
+        "--memory-gib",
+        type=_bounded("--memory-gib"),
+        metavar="G",
+        help="override the profile's memory",
     )
     parser.add_argument(
         "--kv-bytes-per-token",
         type=_bounded("--kv-bytes-per-token"),
+        metavar="B",
         default=DEFAULT_KV_BYTES_PER_TOKEN,
         help=f"KV cache bytes per token (default {DEFAULT_KV_BYTES_PER_TOKEN}, the seed's ratio)",
     )
@@ -138,6 +148,9 @@ def _profile(args: argparse.Namespace) -> DeviceProfile:
     return profile
 
 
+_CONFIG_HELP = "deployment config (.toml, .yaml, .json)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="flare-l2evict",
@@ -150,7 +163,11 @@ def _parser() -> argparse.ArgumentParser:
         help="run the reference host without and with plugins and compare the KV cache",
     )
     startup.add_argument(
-        "checkpoint", nargs="?", type=Path, help="a .safetensors file (default: embedded example)"
+        "checkpoint",
+        nargs="?",
+        type=Path,
+        metavar="CHECKPOINT",
+        help="a .safetensors file (default: embedded example)",
     )
     startup.add_argument(
         "--plugin",
@@ -159,9 +176,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="load this flare plugin (repeatable), e.g. --plugin l2evict",
     )
-    startup.add_argument("--config", type=Path, help="deployment config (.toml, .yaml, .json)")
+    startup.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
     startup.add_argument(
-        "--device", type=_device_text, default="cpu", help="cpu or cuda:N (default: cpu)"
+        "--device",
+        type=_device_text,
+        default="cpu",
+        metavar="cpu|cuda:N",
+        help="cpu or cuda:N (default: cpu)",
     )
     _add_profile_flags(startup)
     startup.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -174,9 +195,12 @@ def _parser() -> argparse.ArgumentParser:
         "checkpoint",
         nargs="+",
         type=Path,
+        metavar="CHECKPOINT",
         help=".safetensors files and/or a model.safetensors.index.json",
     )
-    plan.add_argument("--tp", type=_bounded("--tp"), default=1, help="tensor-parallel degree")
+    plan.add_argument(
+        "--tp", type=_bounded("--tp"), default=1, metavar="N", help="tensor-parallel degree"
+    )
     plan.add_argument(
         "--per-rank",
         action="store_true",
@@ -186,10 +210,11 @@ def _parser() -> argparse.ArgumentParser:
         "--split-dim",
         type=_bounded("--split-dim", low=0),
         default=0,
+        metavar="D",
         help="for an unsharded checkpoint: the dim split evenly across ranks, 0..64 "
         "(default 0; a tensor with fewer dims is replicated)",
     )
-    plan.add_argument("--config", type=Path, help="deployment config (.toml, .yaml, .json)")
+    plan.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
     _add_profile_flags(plan)
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -202,14 +227,16 @@ def _parser() -> argparse.ArgumentParser:
         "checkpoint",
         nargs="*",
         type=Path,
+        metavar="CHECKPOINT",
         help="this rank's .safetensors files and/or index (headers only are read)",
     )
     check.add_argument(
         "--device",
         type=_device_text,
+        metavar="cpu|cuda:N",
         help="cpu or cuda:N (default: cuda:0 when CUDA is available, else cpu with the profile)",
     )
-    check.add_argument("--config", type=Path, help="deployment config (.toml, .yaml, .json)")
+    check.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
     _add_profile_flags(check)
     check.add_argument("--json", action="store_true", help="print one JSON object of every figure")
 
@@ -217,21 +244,31 @@ def _parser() -> argparse.ArgumentParser:
         "bench",
         help="on a GPU: stock b12x eviction vs the plugin's (memory, efficacy, cost, races)",
     )
-    bench.add_argument("--device", type=_device_text, default="cuda:0", help="cuda:N")
     bench.add_argument(
-        "--out", type=Path, default=Path("bench-out"), help="bench.json, efficacy.png"
+        "--device", type=_device_text, default="cuda:0", metavar="cuda:N", help="(default cuda:0)"
+    )
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-out"),
+        metavar="DIR",
+        help="where bench.json and efficacy.png go (default bench-out)",
     )
     bench.add_argument(
         "--repetitions",
         type=_bounded("--repetitions"),
         default=240,
+        metavar="R",
         help="probe samples per point and repeat",
     )
-    bench.add_argument("--races", type=_bounded("--races"), default=36, help="races (at most 36)")
+    bench.add_argument(
+        "--races", type=_bounded("--races"), default=36, metavar="N", help="races (at most 36)"
+    )
     bench.add_argument(
         "--repeats",
         type=_bounded("--repeats"),
         default=3,
+        metavar="K",
         help="interleaved repeats of each figure (the spread is their range)",
     )
     bench.add_argument("--json", action="store_true", help="print the full JSON instead of a table")
