@@ -47,10 +47,18 @@ def run_check(
     on this machine); the first line of the report says it. With
     ``args.json`` the report is one JSON object instead of lines.
     """
-    lines: list[str] = []
-    figures: dict[str, Any] = {"device": str(device), "device_reason": device_reason}
+    # Every input is read before the first line, so bad input is one line on
+    # stderr and nothing on stdout; then each step prints as it finishes, so a
+    # step that hangs or crashes on a GPU still shows the ones before it.
     config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
     settings = settings_from_config(config)
+    headers = None
+    if args.checkpoint:
+        from ._headers import read_checkpoint
+
+        headers = read_checkpoint(args.checkpoint)
+    figures: dict[str, Any] = {"device": str(device), "device_reason": device_reason}
+    lines = _Lines(quiet=args.json)
     lines.append(f"flare-l2evict check on {device} ({device_reason})")
     _, flashinfer = versions()
     origin = b12x_origin()
@@ -109,11 +117,8 @@ def run_check(
     figures["window"] = {"bytes": window, "setting": settings.window}
     lines.append(f"window: {window:,} bytes ({settings.window})")
     read = window
-    storage: dict[str, Any] = {"checked": bool(args.checkpoint)}
-    if args.checkpoint:
-        from ._headers import read_checkpoint
-
-        headers = read_checkpoint(args.checkpoint)
+    storage: dict[str, Any] = {"checked": headers is not None}
+    if headers is not None:
         names = [t.name for t in headers]
         sizes = [t.nbytes for t in headers]
         pattern = _matches(settings.exclude)
@@ -155,5 +160,17 @@ def run_check(
         )
         code = 0
     figures["exit_code"] = code
-    print(json.dumps(figures, indent=2) if args.json else "\n".join(lines))
+    if args.json:
+        print(json.dumps(figures, indent=2))
     return code
+
+
+class _Lines:
+    """The report's lines, printed as they come unless the report is JSON."""
+
+    def __init__(self, *, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def append(self, line: str) -> None:
+        if not self.quiet:
+            print(line, flush=True)
