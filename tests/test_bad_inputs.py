@@ -149,7 +149,7 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["plan", "{index_list}"], "weight_map['w'] is a JSON array, not a shard file name"),
     (["plan", "{index_null}"], "weight_map['w'] is a JSON null, not a shard file name"),
     (["plan", "{index_absent}"], "names tensor 'zz' in shard 'one_w.safetensors', which does not"),
-    (["plan", "{index_deep}"], "not a safetensors index (the file nests deeper than 127 levels"),
+    (["plan", "{index_deep}"], "not a safetensors index (the file nests too deeply)"),
     # Deployment configs: no YAML anchors or aliases, bounded echoes.
     (
         ["check", "--config", "{cfg_self_alias}"],

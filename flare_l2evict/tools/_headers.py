@@ -140,7 +140,7 @@ def _ignored(value: object, depth: int) -> None:
             raise ValueError("number out of range")  # serde_json reads it as an f64
 
 
-def _parse(raw: bytes, what: str) -> object:
+def _parse(raw: bytes, what: str, *, serde: bool = False) -> object:
     """Parse JSON as serde_json would, or raise ``ValueError``.
 
     Objects come back as :class:`_Pairs` so that repeated keys stay visible.
@@ -162,9 +162,12 @@ def _parse(raw: bytes, what: str) -> object:
             parse_constant=_constant,
         )
     except RecursionError:
-        raise ValueError(
-            f"{what} nests deeper than {MAX_JSON_DEPTH} levels, serde_json's limit"
-        ) from None
+        # A header deeper than serde_json's limit is refused by the loader;
+        # an index is read by Python's json, whose own limit this is.
+        limit = (
+            f"deeper than {MAX_JSON_DEPTH} levels, serde_json's limit" if serde else "too deeply"
+        )
+        raise ValueError(f"{what} nests {limit}") from None
     if _SURROGATE_ESCAPE.search(text):
         for item, _ in _walk(document, 1):
             if isinstance(item, str):
@@ -383,7 +386,7 @@ def read_header(path: Path) -> list[TensorHeader]:
 def _read(file: _File, data_bytes: int, raw: bytes) -> list[TensorHeader]:
     where = shown(str(file.path))
     try:
-        document = _parse(raw, "the header")
+        document = _parse(raw, "the header", serde=True)
     except ValueError as error:
         raise CheckpointError(
             f"{where}: corrupt safetensors header ({shown(str(error))}); fix: re-export or "
