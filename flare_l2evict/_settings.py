@@ -179,7 +179,7 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
             data = json.loads(text)
         else:
             raise ConfigError(
-                f"{where}: unknown config format {shown(suffix or '(none)', 40)!r}; "
+                f"{where}: unknown config format '{shown(suffix or '(none)', 40)}'; "
                 "fix: use a .toml, .yaml, .yml or .json file"
             )
     except ConfigError:
