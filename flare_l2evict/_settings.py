@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_validator
 
 from ._errors import ConfigError
+from ._text import literal, shown
 from ._window import stock_buffer_bytes
 
 if sys.version_info >= (3, 11):
@@ -102,18 +103,23 @@ class L2EvictSettings(BaseModel):
         return tuple(value)
 
 
+_PROBLEMS_SHOWN = 3
+"""Problems one config error names; a section of 10,000 bad keys still gives one short line."""
+
+
 def _one_line(error: ValidationError, section: Mapping[str, Any]) -> str:
     problems = []
     for item in error.errors():
         key = str(item["loc"][0]) if item["loc"] else "?"
-        if item["type"] == "extra_forbidden":
-            problems.append(
-                f"{_SECTION_NAME}.{key}: unknown key (allowed keys: {', '.join(ALLOWED)})"
-            )
+        name = f"{_SECTION_NAME}.{shown(key, 60)}"
+        # A key that is no field (unknown, or not even a string, as YAML allows) is unknown.
+        if item["type"] == "extra_forbidden" or key not in ALLOWED:
+            problems.append(f"{name}: unknown key (allowed keys: {', '.join(ALLOWED)})")
         else:
-            shown = json.dumps(section.get(key), default=str)
-            problems.append(f"{_SECTION_NAME}.{key} = {shown} is invalid: use {ALLOWED[key]}")
-    return "; ".join(dict.fromkeys(problems))
+            problems.append(f"{name} = {literal(section.get(key))} is invalid: use {ALLOWED[key]}")
+    unique = list(dict.fromkeys(problems))
+    more = len(unique) - _PROBLEMS_SHOWN
+    return "; ".join(unique[:_PROBLEMS_SHOWN]) + (f"; and {more:,} more" if more > 0 else "")
 
 
 def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
@@ -148,14 +154,18 @@ def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
 def load_deployment_config(path: str | Path) -> dict[str, Any]:
     """Read a deployment config: TOML (``.toml``), YAML (``.yaml``/``.yml``) or JSON.
 
-    YAML is read with ``yaml.safe_load``, which builds no Python objects.
-    Raises :class:`ConfigError` naming the file and the problem.
+    YAML is read with a :class:`yaml.SafeLoader` that builds no Python
+    objects and refuses anchors and aliases: a 469-byte alias bomb expands
+    to gigabytes, and a self-alias makes a value that contains itself.
+    Raises :class:`ConfigError` naming the file and the problem, in one line
+    whose echoed values are bounded (:func:`~flare_l2evict._text.shown`).
     """
     path = Path(path)
+    where = shown(str(path))
     if path.is_dir():
-        raise ConfigError(f"{path}: is a directory, not a config file; fix: pass --config FILE")
+        raise ConfigError(f"{where}: is a directory, not a config file; fix: pass --config FILE")
     if not path.is_file():
-        raise ConfigError(f"{path}: no such config file; fix: pass an existing --config FILE")
+        raise ConfigError(f"{where}: no such config file; fix: pass an existing --config FILE")
     suffix = path.suffix.lower()
     try:
         text = path.read_text(encoding="utf-8")
@@ -166,28 +176,49 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
                 import yaml
             except ImportError:
                 raise ConfigError(
-                    f"{path}: YAML configs need PyYAML; fix: pip install 'flare-l2evict[yaml]'"
+                    f"{where}: YAML configs need PyYAML; fix: pip install 'flare-l2evict[yaml]'"
                 ) from None
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_no_alias_loader(yaml, path))
         elif suffix == ".json":
             data = json.loads(text)
         else:
             raise ConfigError(
-                f"{path}: unknown config format {suffix or '(none)'!r}; "
+                f"{where}: unknown config format '{shown(suffix or '(none)', 40)}'; "
                 "fix: use a .toml, .yaml, .yml or .json file"
             )
     except ConfigError:
         raise
     except Exception as error:  # the parsers' own error types differ; all mean "bad file"
-        detail = " ".join(str(error).split())
-        raise ConfigError(f"{path}: cannot parse {suffix[1:]} ({detail})") from None
+        detail = " ".join(str(error)[:4096].split())
+        raise ConfigError(f"{where}: cannot parse {suffix[1:]} ({shown(detail, 300)})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(
-            f"{path}: the top level must be a table/mapping, not {type(data).__name__}"
+            f"{where}: the top level must be a table/mapping, not {type(data).__name__}"
         )
     return data
+
+
+def _no_alias_loader(yaml: Any, path: Path) -> type:
+    """A :class:`yaml.SafeLoader` that refuses anchors and aliases where the parser meets them.
+
+    Refusing at the first anchor, before any alias is expanded, keeps a
+    billion-laughs document from costing more than reading it.
+    """
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent: object, index: object) -> object:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+                line = event.start_mark.line + 1
+                raise ConfigError(
+                    f"{shown(str(path))}: yaml anchors/aliases are not allowed (line {line}); "
+                    "fix: write the values out"
+                )
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
 
 
 def wants_raise(config: object) -> bool:

@@ -1,37 +1,136 @@
-"""Echo untrusted text safely: one line, bounded, with control characters escaped (torch-free)."""
+"""Echo untrusted values in messages and tables: bounded, on one line, nothing invisible.
+
+Tensor names, paths, config values and strings read from files reach the
+terminal and the start-up log. A 10 MB value must not become a 10 MB line, and
+a newline, NUL or right-to-left override inside a name must not break a line
+or disguise what follows it. Torch-free: the CLI uses it before importing torch.
+"""
 
 from __future__ import annotations
 
+import json
 import unicodedata
+from collections.abc import Mapping
 
 LIMIT = 200
-"""Characters of any echoed value (a config value, a tensor name, a path) shown at most."""
+"""Characters of one echoed value, the cut marker included."""
+LINE_BYTES = 1024
+"""UTF-8 bytes of one error line the CLI prints, its newline included."""
 
-_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp"})  # controls, format (bidi), line/paragraph breaks
+# Cc: C0/C1 controls (newline, NUL, ESC); Cf: format characters, among them
+# the bidi overrides and isolates; Zl/Zp: line and paragraph separators;
+# Cs: lone surrogates, which undecodable file names carry and no UTF-8
+# terminal can print.
+_HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _escaped(char: str) -> str:
-    if unicodedata.category(char) not in _UNSAFE:
+    if char == "\\" or unicodedata.category(char) not in _HIDDEN:
         return char
+    if char in _SHORT:
+        return _SHORT[char]
     code = ord(char)
-    return (
-        f"\\x{code:02x}"
-        if code < 0x100
-        else f"\\u{code:04x}"
-        if code < 0x10000
-        else f"\\U{code:08x}"
-    )
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _cut(text: str, limit: int, *, complete: bool = True, total: int | None = None) -> str:
+    """``text`` with hidden characters escaped, at most ``limit`` characters long.
+
+    Only the prefix that fits is looked at, so a 10 MB value costs what a
+    200-character one does. A cut value ends with ``...[N chars]`` when its
+    length is known, ``...`` otherwise (``complete=False``: ``text`` is
+    already a prefix).
+    """
+    limit = max(limit, 16)
+    pieces: list[str] = []
+    used = 0
+    fits = True
+    for char in text:
+        piece = _escaped(char)
+        if used + len(piece) > limit:
+            fits = False
+            break
+        pieces.append(piece)
+        used += len(piece)
+    if fits and complete:
+        return "".join(pieces)
+    marker = "..." if total is None else f"...[{total:,} chars]"
+    while pieces and used + len(marker) > limit:
+        used -= len(pieces.pop())
+    return "".join(pieces) + marker
+
+
+def literal(value: object, limit: int = LIMIT) -> str:
+    """``value`` as a JSON-like literal (strings quoted), bounded and on one line.
+
+    Containers are rendered only as far as ``limit`` reaches and at most
+    four levels deep, so any config value, however large or nested, costs
+    a bounded amount of work. A cut literal ends with ``...``.
+    """
+    budget = max(limit, 16)
+    out: list[str] = []
+    size = 0
+
+    def emit(text: str) -> bool:
+        nonlocal size
+        out.append(text)
+        size += len(text)
+        return size <= budget
+
+    def render(item: object, depth: int) -> bool:
+        if isinstance(item, str):
+            return emit(json.dumps(item[:budget], ensure_ascii=False))
+        if isinstance(item, int) and not isinstance(item, bool) and item.bit_length() > 64:
+            # str() of a huge int is refused past 4,300 digits and slow before that.
+            return emit(f"<int of {item.bit_length():,} bits>")
+        if item is None or isinstance(item, bool | int | float):
+            return emit(json.dumps(item))
+        if isinstance(item, Mapping | list | tuple):
+            opened, closed = ("{", "}") if isinstance(item, Mapping) else ("[", "]")
+            if depth >= 4:
+                return emit(f"{opened}...{closed}")
+            if not emit(opened):
+                return False
+            entries = item.items() if isinstance(item, Mapping) else ((None, v) for v in item)
+            for number, (key, entry) in enumerate(entries):
+                if number and not emit(", "):
+                    return False
+                if isinstance(item, Mapping) and not (render(key, depth + 1) and emit(": ")):
+                    return False
+                if not render(entry, depth + 1):
+                    return False
+            return emit(closed)
+        return emit(f"<{type(item).__name__}>")
+
+    complete = render(value, 0)
+    return _cut("".join(out), limit, complete=complete)
 
 
 def shown(value: object, limit: int = LIMIT) -> str:
-    """``str(value)`` on one line: control and bidi characters escaped, cut to ``limit`` chars."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) > 4 * limit:  # escape no more than can be shown
-        text = text[: 4 * limit]
-        cut = True
-    else:
-        cut = False
-    out = "".join(map(_escaped, text))
-    if cut or len(out) > limit:
-        return out[: limit - 1] + "…"
-    return out
+    """``value`` for a message or a table cell: at most ``limit`` characters, one line.
+
+    Strings (tensor names, paths) appear as they are; other values as a
+    bounded JSON-like :func:`literal`. Control characters, format characters
+    (bidi overrides and isolates among them), line and paragraph separators
+    and lone surrogates are escaped (``\\n``, ``\\x00``, ``\\u202e``); a
+    longer value is cut and ends with ``...[N chars]``.
+    """
+    if isinstance(value, str):
+        return _cut(value, limit, total=len(value))
+    return literal(value, limit)
+
+
+def one_line(message: str, max_bytes: int = LINE_BYTES) -> str:
+    """``message`` as one printable line of at most ``max_bytes`` UTF-8 bytes, newline included.
+
+    The CLI's last guard: whatever an error carries, stderr gets one bounded line.
+    """
+    line = _cut(message, max_bytes)
+    encoded = line.encode("utf-8")
+    if len(encoded) < max_bytes:
+        return line
+    marker = "...[cut]"
+    return encoded[: max_bytes - 1 - len(marker)].decode("utf-8", "ignore") + marker

@@ -146,3 +146,60 @@ def test_table_output(capsys: pytest.CaptureFixture[str], write_checkpoint) -> N
     out = capsys.readouterr().out
     assert "rank  tensor" in out
     assert f"agreed across ranks (minimum): {5 * 64 * MiB - OWN:,} bytes" in out
+
+
+def test_a_shard_given_twice_or_through_an_alias_is_credited_once(
+    capsys: pytest.CaptureFixture[str], write_checkpoint, tmp_path: Path
+) -> None:
+    """The report: one 96 MiB shard does not cover a 128 MiB window; read twice it seemed to."""
+    shard = write_checkpoint({"w": torch.zeros(96 * MiB // 4)}, "shard2.safetensors")
+    (tmp_path / "link.safetensors").symlink_to(shard)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"w": "shard2.safetensors"}}))
+    alias = tmp_path / "alias.safetensors.index.json"
+    alias.write_text(json.dumps({"weight_map": {"w": "./shard2.safetensors"}}))
+    once = plan_json(capsys, str(shard), "--l2-mib", "64")
+    assert once["agreed_reclaimed_bytes"] == 0 and once["files"] == 1
+    for spellings in (
+        [shard, shard],
+        [shard, tmp_path / "." / shard.name],
+        [shard, tmp_path / "link.safetensors"],
+        [index, alias],
+        [index, shard],
+    ):
+        plan = plan_json(capsys, *map(str, spellings), "--l2-mib", "64")
+        assert plan["agreed_reclaimed_bytes"] == 0
+        assert (plan["tensors"], plan["files"]) == (1, 1)
+
+
+def test_a_split_dim_beyond_a_tensors_rank_replicates_it(
+    capsys: pytest.CaptureFixture[str], write_checkpoint
+) -> None:
+    path = write_checkpoint(
+        {"scalar": torch.tensor(1.0), "rows": torch.zeros(4, 8 * MiB), "flat": torch.zeros(MiB)}
+    )
+    for dim in ("1", "5", "64"):
+        plan = plan_json(capsys, str(path), "--tp", "2", "--split-dim", dim, "--l2-mib", "16")
+        # "rows" (128 MiB) splits along dim 1 only; the 0-d and 1-d tensors have no dim 1.
+        expected = 64 * MiB if dim == "1" else 128 * MiB
+        assert {r["storage_bytes"] for r in plan["ranks"]} == {expected}
+        assert plan["estimate"].startswith(
+            f"estimate: an unsharded checkpoint split evenly along dim {dim}"
+        )
+
+
+def test_tensor_names_are_escaped_in_the_table(
+    capsys: pytest.CaptureFixture[str], write_checkpoint
+) -> None:
+    name = "evil\nrank 9  injected\x00\u202eexe.txt" + "x" * 500
+    path = write_checkpoint({name: torch.zeros(32 * MiB)})
+    assert main(["plan", str(path), "--l2-mib", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "evil\\nrank 9  injected\\x00\\u202eexe.txt" in out
+    assert (
+        "\u202e" not in out and "\x00" not in out and "rank 9  injected" not in out.split("\\n")[0]
+    )
+    row = next(line for line in out.splitlines() if line.startswith("0 "))
+    assert len(row) < 200 and "...[" in row
+    # JSON keeps the exact name: it is data, and escapes it itself.
+    assert plan_json(capsys, str(path), "--l2-mib", "16")["ranks"][0]["tensor"] == name

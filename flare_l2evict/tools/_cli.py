@@ -13,9 +13,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import L2EvictError
+from .._text import one_line, shown
 from .._units import GiB, MiB
 from ._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
 
@@ -35,6 +36,8 @@ LIMITS = {
     "--repetitions": 100_000,
     "--races": 36,
     "--repeats": 20,
+    # A dim beyond a tensor's rank replicates it; no checkpoint has 64 dims.
+    "--split-dim": 64,
 }
 
 
@@ -46,28 +49,44 @@ def _size(value: int) -> str:
     return f"{value / GiB:.2f} GiB"
 
 
-def _bounded(flag: str) -> Any:
+def _bounded(flag: str, low: int = 1) -> Any:
     limit = LIMITS[flag]
 
     def parse(text: str) -> int:
+        # 30 characters hold any number in range; int() of a longer one only costs time.
         try:
-            value = int(text)
+            value = int(text) if len(text) <= 30 else None
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if not 1 <= value <= limit:
-            raise argparse.ArgumentTypeError(f"{text!r} must be between 1 and {limit:,}")
+            value = None
+        if value is None and not _WHOLE.match(text):
+            raise argparse.ArgumentTypeError(f"'{shown(text, 40)}' is not a whole number")
+        if value is None or not low <= value <= limit:
+            raise argparse.ArgumentTypeError(
+                f"'{shown(text, 40)}' must be between {low} and {limit:,}"
+            )
         return value
 
     return parse
 
 
+_WHOLE = re.compile(r"^\s*[+-]?\d+\s*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d{1,3})?)$")
 
 
 def _device_text(text: str) -> str:
     if not _DEVICE.match(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda or cuda:N")
+        raise argparse.ArgumentTypeError(
+            f"'{shown(text, 40)}' is not a device; use cpu, cuda or cuda:N"
+        )
     return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its error line bounded: it echoes a bad value whole otherwise."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, one_line(f"{self.prog}: error: {message}") + "\n")
 
 
 def _device(text: str) -> torch.device:
@@ -91,18 +110,28 @@ def _add_profile_flags(parser: argparse.ArgumentParser) -> None:
         "--profile",
         choices=sorted(PROFILES),
         default=DEFAULT_PROFILE,
+        metavar="|".join(sorted(PROFILES)),
         help=f"device to stand in for on a CPU (default {DEFAULT_PROFILE}, the seed's machine)",
     )
-    parser.add_argument("--l2-mib", type=_bounded("--l2-mib"), help="override the profile's L2")
     parser.add_argument(
-        "--race-jobs", type=_bounded("--race-jobs"), help="override the profile's race jobs"
+        "--l2-mib", type=_bounded("--l2-mib"), metavar="M", help="override the profile's L2"
     )
     parser.add_argument(
-        "--memory-gib", type=_bounded("--memory-gib"), help="override the profile's memory"
+        "--race-jobs",
+        type=_bounded("--race-jobs"),
+        metavar="J",
+        help="override the profile's race jobs",
+    )
+    parser.add_argument(
+        "--memory-gib",
+        type=_bounded("--memory-gib"),
+        metavar="G",
+        help="override the profile's memory",
     )
     parser.add_argument(
         "--kv-bytes-per-token",
         type=_bounded("--kv-bytes-per-token"),
+        metavar="B",
         default=DEFAULT_KV_BYTES_PER_TOKEN,
         help=f"KV cache bytes per token (default {DEFAULT_KV_BYTES_PER_TOKEN}, the seed's ratio)",
     )
@@ -119,8 +148,11 @@ def _profile(args: argparse.Namespace) -> DeviceProfile:
     return profile
 
 
+_CONFIG_HELP = "deployment config (.toml, .yaml, .json)"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="flare-l2evict",
         description="b12x start-up races evict L2 by reading resident weights; "
         "the KV cache gets the eviction buffers.",
@@ -131,7 +163,11 @@ def _parser() -> argparse.ArgumentParser:
         help="run the reference host without and with plugins and compare the KV cache",
     )
     startup.add_argument(
-        "checkpoint", nargs="?", type=Path, help="a .safetensors file (default: embedded example)"
+        "checkpoint",
+        nargs="?",
+        type=Path,
+        metavar="CHECKPOINT",
+        help="a .safetensors file (default: embedded example)",
     )
     startup.add_argument(
         "--plugin",
@@ -140,8 +176,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="load this flare plugin (repeatable), e.g. --plugin l2evict",
     )
-    startup.add_argument("--config", type=Path, help="deployment config (.toml, .yaml, .json)")
-    startup.add_argument("--device", type=_device_text, default="cpu", help="cpu or cuda:N")
+    startup.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
+    startup.add_argument(
+        "--device",
+        type=_device_text,
+        default="cpu",
+        metavar="cpu|cuda:N",
+        help="cpu or cuda:N (default: cpu)",
+    )
     _add_profile_flags(startup)
     startup.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -153,9 +195,12 @@ def _parser() -> argparse.ArgumentParser:
         "checkpoint",
         nargs="+",
         type=Path,
+        metavar="CHECKPOINT",
         help=".safetensors files and/or a model.safetensors.index.json",
     )
-    plan.add_argument("--tp", type=_bounded("--tp"), default=1, help="tensor-parallel degree")
+    plan.add_argument(
+        "--tp", type=_bounded("--tp"), default=1, metavar="N", help="tensor-parallel degree"
+    )
     plan.add_argument(
         "--per-rank",
         action="store_true",
@@ -163,11 +208,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--split-dim",
-        type=int,
+        type=_bounded("--split-dim", low=0),
         default=0,
-        help="for an unsharded checkpoint: the dim split evenly across ranks (default 0)",
+        metavar="D",
+        help="for an unsharded checkpoint: the dim split evenly across ranks, 0..64 "
+        "(default 0; a tensor with fewer dims is replicated)",
     )
-    plan.add_argument("--config", type=Path, help="deployment config (.toml, .yaml, .json)")
+    plan.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
     _add_profile_flags(plan)
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -180,31 +227,48 @@ def _parser() -> argparse.ArgumentParser:
         "checkpoint",
         nargs="*",
         type=Path,
+        metavar="CHECKPOINT",
         help="this rank's .safetensors files and/or index (headers only are read)",
     )
-    check.add_argument("--device", type=_device_text, default="cpu", help="cpu or cuda:N")
-    check.add_argument("--config", type=Path, help="deployment config (.toml, .yaml, .json)")
+    check.add_argument(
+        "--device",
+        type=_device_text,
+        metavar="cpu|cuda:N",
+        help="cpu or cuda:N (default: cuda:0 when CUDA is available, else cpu with the profile)",
+    )
+    check.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
     _add_profile_flags(check)
+    check.add_argument("--json", action="store_true", help="print one JSON object of every figure")
 
     bench = commands.add_parser(
         "bench",
         help="on a GPU: stock b12x eviction vs the plugin's (memory, efficacy, cost, races)",
     )
-    bench.add_argument("--device", type=_device_text, default="cuda:0", help="cuda:N")
     bench.add_argument(
-        "--out", type=Path, default=Path("bench-out"), help="bench.json, efficacy.png"
+        "--device", type=_device_text, default="cuda:0", metavar="cuda:N", help="(default cuda:0)"
+    )
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-out"),
+        metavar="DIR",
+        help="where bench.json and efficacy.png go (default bench-out)",
     )
     bench.add_argument(
         "--repetitions",
         type=_bounded("--repetitions"),
         default=240,
+        metavar="R",
         help="probe samples per point and repeat",
     )
-    bench.add_argument("--races", type=_bounded("--races"), default=36, help="races (at most 36)")
+    bench.add_argument(
+        "--races", type=_bounded("--races"), default=36, metavar="N", help="races (at most 36)"
+    )
     bench.add_argument(
         "--repeats",
         type=_bounded("--repeats"),
         default=3,
+        metavar="K",
         help="interleaved repeats of each figure (the spread is their range)",
     )
     bench.add_argument("--json", action="store_true", help="print the full JSON instead of a table")
@@ -250,10 +314,11 @@ def _table(header: str, before: StartupResult, after: StartupResult, label: str)
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [header, ""]
     lines += [f"{a:<{widths[0]}}   {b:>{widths[1]}}   {c:>{widths[2]}}" for a, b, c in rows]
+    # The summaries name tensors from the checkpoint: escaped, so each stays one line.
     if after.report is not None:
-        lines += ["", f"l2evict: {after.report.summary()}"]
+        lines += ["", f"l2evict: {shown(after.report.summary(), 2000)}"]
     if after.audit is not None:
-        lines.append(f"l2evict audit: {after.audit.summary()}")
+        lines.append(f"l2evict audit: {shown(after.audit.summary(), 2000)}")
     if after.cute_guard_stand_in:
         lines.append(
             "note: the CuTe DSL is not installed, so b12x's no-compilation guard was a no-op "
@@ -292,7 +357,7 @@ def _startup(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"without": before.as_dict(), "with": after.as_dict()}, indent=2))
         return 0
-    what = str(args.checkpoint) if args.checkpoint else "embedded example"
+    what = shown(str(args.checkpoint)) if args.checkpoint else "embedded example"
     header = (
         f"flare-l2evict startup: {what} on {device}; profile {profile.name} "
         f"({_size(before.memory_bytes)}, L2 {_size(before.l2_cache_bytes)}, "
@@ -349,13 +414,15 @@ def _plan(args: argparse.Namespace) -> int:
         print(plan.estimate)
     rows = [("rank", "tensor", "storage", "window", "reclaimed", "KV tokens gained")]
     for r in plan.ranks:
-        shown = r.tensor or f"- ({r.reason})"
+        # Tensor names come from the files: escaped and cut, so a newline or a
+        # bidi override in one cannot break or disguise the table.
+        cell = shown(r.tensor, 80) if r.tensor else f"- ({shown(r.reason or '', 300)})"
         if len(r.sources) > 1:
-            shown += f" +{len(r.sources) - 1} more"
+            cell += f" +{len(r.sources) - 1} more"
         rows.append(
             (
                 str(r.rank),
-                shown,
+                cell,
                 _size(r.storage_bytes) if r.storage_bytes else "-",
                 _size(r.window_bytes),
                 f"{r.reclaimed_bytes:,}",
@@ -408,12 +475,28 @@ def _bench(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from ._check import run_check
 
-    return run_check(args, _profile(args), _device(args.device))
+    if args.device is not None:
+        reason = "--device"
+    else:
+        import torch
+
+        # On a GPU server the question is the GPU; a CPU profile there would mislead.
+        if torch.cuda.is_available():
+            args.device, reason = "cuda:0", "default: CUDA is available here"
+        else:
+            args.device = "cpu"
+            reason = f"default: no CUDA device here, so profile {args.profile} stands in"
+    return run_check(args, _profile(args), _device(args.device), reason)
 
 
 def _terminate(signum: int, _frame: object) -> None:
     # SIGTERM unwinds like Ctrl-C, so temporary checkpoints are removed on the way out.
     raise KeyboardInterrupt(signum)
+
+
+def _error(message: str) -> None:
+    """The CLI's last guard: whatever an error carries, one line of at most 1 KB on stderr."""
+    print(one_line(f"error: {message}"), file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -424,13 +507,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except L2EvictError as error:
-        print(f"error: {error}", file=sys.stderr)
+        _error(str(error))
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted; temporary files removed", file=sys.stderr)
+        _error("interrupted; temporary files removed")
         return 130
     except OSError as error:
-        print(f"error: {error.strerror or error} ({error.filename or 'no file'})", file=sys.stderr)
+        _error(f"{error.strerror or error} ({shown(str(error.filename or 'no file'))})")
         return 2
     finally:
         signal.signal(signal.SIGTERM, previous)

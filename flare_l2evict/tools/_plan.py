@@ -59,9 +59,13 @@ def split_evenly(tensors: Sequence[TensorHeader], tp: int, dim: int) -> tuple[li
     """Estimate each rank's shard of an unsharded checkpoint.
 
     Rule: a tensor with more than ``dim`` dimensions whose size along ``dim``
-    divides by ``tp`` is split evenly along it; every other tensor is
-    replicated on every rank. Returns the shards and the rule in words.
+    divides by ``tp`` is split evenly along it; every other tensor (a 0-d
+    one, or one with ``dim`` or fewer dimensions) is replicated on every
+    rank. Returns the shards and the rule in words.
     """
+    if dim < 0:
+        # shape[-1] would silently mean the last dim, and a 0-d tensor has none.
+        raise ValueError(f"split dim {dim} is negative; dims count from 0")
     sizes = [
         t.nbytes // tp
         if len(t.shape) > dim and t.shape[dim] and t.shape[dim] % tp == 0

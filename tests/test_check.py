@@ -1,0 +1,174 @@
+"""``flare-l2evict check`` on this (CPU) machine: what it says about the machine and the credit."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from figures import OWN, MiB
+
+from flare_l2evict._seam import b12x_origin
+from flare_l2evict.tools import _check
+from flare_l2evict.tools._cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def check_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
+    code, out, _ = run(capsys, "check", "--json", *argv)
+    return code, json.loads(out)
+
+
+def test_a_bare_check_says_which_device_and_why(capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, out, _ = run(capsys, "check")
+    first, versions = out.splitlines()[:2]
+    assert first == (
+        "flare-l2evict check on cpu (default: no CUDA device here, so profile gb202 stands in)"
+    )
+    flashinfer = importlib.metadata.version("flashinfer-python")
+    # b12x ships inside flashinfer-python here, with no distribution record of its own.
+    assert f"b12x: flashinfer-python {flashinfer} (" in versions
+    assert "not installed" not in versions
+    assert "seam: installs" in out and code == 0
+
+
+def test_check_defaults_to_the_gpu_where_there_is_one(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[str, str]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(
+        _check, "run_check", lambda args, profile, device, why: seen.append((str(device), why)) or 0
+    )
+    assert main(["check"]) == 0
+    assert main(["check", "--device", "cpu"]) == 0
+    assert seen == [("cuda:0", "default: CUDA is available here"), ("cpu", "--device")]
+
+
+def test_help_says_the_default_device(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: cuda:0 when CUDA is available, else cpu" in text and "--json" in text
+
+
+def test_json_holds_every_figure_and_agrees_with_plan(
+    capsys: pytest.CaptureFixture[str], write_checkpoint
+) -> None:
+    path = write_checkpoint({"w": torch.zeros(128 * MiB // 4)})
+    code, figures = check_json(capsys, str(path), "--profile", "h100", "--device", "cpu")
+    assert code == 0 and figures["exit_code"] == 0
+    assert {"versions", "b12x", "device", "device_reason", "l2_cache_bytes", "seam"} <= set(figures)
+    assert {"stock_buffer", "window", "storage_read", "verdict", "credit_bytes", "reason"} <= set(
+        figures
+    )
+    assert figures["b12x"]["origin"] == b12x_origin().describe()
+    assert figures["seam"]["verdict"] == "installs" and figures["verdict"] == "installs"
+    assert figures["window"]["bytes"] == 100 * MiB  # h100: max(2 x 50 MiB, 64 MiB)
+    assert figures["storage_read"]["tensors"] == [{"name": "w", "bytes": 128 * MiB}]
+    assert figures["credit_bytes"] == 5 * 100 * MiB - OWN
+    main(["plan", str(path), "--profile", "h100", "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["agreed_reclaimed_bytes"] == figures["credit_bytes"]
+
+
+def test_a_checkpoint_below_the_window_falls_back_with_exit_1(
+    capsys: pytest.CaptureFixture[str], write_checkpoint, tmp_path: Path
+) -> None:
+    """The report's over-credit, through check: the same shard twice is still one shard."""
+    path = write_checkpoint({"w": torch.zeros(96 * MiB // 4)})
+    (tmp_path / "link.safetensors").symlink_to(path)
+    for argv in ([path], [path, path], [path, tmp_path / "link.safetensors"]):
+        code, figures = check_json(capsys, *map(str, argv), "--l2-mib", "64", "--device", "cpu")
+        assert code == 1 and figures["verdict"] == "falls back"
+        assert figures["credit_bytes"] == 0
+        assert figures["reason"] == (
+            "no storage on this rank's checkpoint covers the 134,217,728-byte eviction window: "
+            f"1 eligible regions hold {96 * MiB:,} distinct bytes; stock b12x keeps its own buffer"
+        )
+
+
+# --- where b12x comes from --------------------------------------------------------------
+
+
+def _record(info: Path, files: dict[str, bytes]) -> None:
+    rows = []
+    for name, content in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
+        rows.append(f"{name},sha256={digest},{len(content)}")
+    rows += [f"{info.name}/METADATA,,", f"{info.name}/RECORD,,"]
+    (info / "RECORD").write_text("\n".join(rows) + "\n")
+
+
+def install(site: Path, name: str, version: str, files: dict[str, bytes]) -> None:
+    """A distribution record as pip leaves one: METADATA and RECORD (with hashes)."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    _record(info, files)
+
+
+STANDALONE = b'"""b12x"""\n'
+SHIM = b'"""Load the embedded implementation without initializing FlashInfer."""\n'
+
+
+def use_site(monkeypatch: pytest.MonkeyPatch, site: Path, init: bytes | None) -> None:
+    """Hide the environment's b12x; ``site`` comes first on sys.path with this b12x/__init__.py."""
+    for name in list(sys.modules):
+        if name == "b12x" or name.startswith("b12x."):
+            monkeypatch.delitem(sys.modules, name)
+    if init is not None:
+        (site / "b12x").mkdir(parents=True, exist_ok=True)
+        (site / "b12x" / "__init__.py").write_bytes(init)
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+
+
+def test_a_standalone_b12x_is_named_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install(tmp_path, "b12x", "1.5.1", {"b12x/__init__.py": STANDALONE})
+    use_site(monkeypatch, tmp_path, STANDALONE)
+    origin = b12x_origin()
+    assert origin.describe() == "standalone b12x 1.5.1"
+    assert origin.path == str(tmp_path / "b12x" / "__init__.py")
+
+
+@pytest.mark.parametrize(
+    ("content", "owner"),
+    [(STANDALONE, "standalone b12x 1.5.1"), (SHIM, "flashinfer-python 0.7.4")],
+)
+def test_two_records_of_one_file_are_told_apart_by_its_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes, owner: str
+) -> None:
+    """Both installed: the one installed last wrote b12x/__init__.py, and its hash says which."""
+    install(tmp_path, "b12x", "1.5.1", {"b12x/__init__.py": STANDALONE})
+    install(tmp_path, "flashinfer-python", "0.7.4", {"b12x/__init__.py": SHIM})
+    use_site(monkeypatch, tmp_path, content)
+    assert b12x_origin().describe() == owner
+
+
+def test_a_b12x_no_distribution_owns_is_named_by_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_site(monkeypatch, tmp_path, STANDALONE)
+    origin = b12x_origin()
+    assert (origin.distribution, origin.version) == (None, None)
+    assert origin.describe().endswith("b12x/__init__.py (no installed distribution owns it)")
+
+
+def test_no_b12x_is_not_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "b12x", None)
+    assert b12x_origin().describe() == "not importable"

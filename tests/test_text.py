@@ -1,0 +1,82 @@
+"""Echoed values: at most 200 characters, one line, nothing invisible."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from flare_l2evict._text import LIMIT, literal, one_line, shown
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("model.layers.0.mlp", "model.layers.0.mlp"),
+        ("a\nb\rc\td", "a\\nb\\rc\\td"),
+        ("nul\x00esc\x1bdel\x7f", "nul\\x00esc\\x1bdel\\x7f"),
+        ("c1\x85", "c1\\x85"),
+        ("rlo\u202eexe.txt", "rlo\\u202eexe.txt"),  # Cf: bidi override
+        ("iso\u2066x\u2069", "iso\\u2066x\\u2069"),  # Cf: bidi isolates
+        ("zw\u200bj\u200d", "zw\\u200bj\\u200d"),  # Cf: zero-width space and joiner
+        ("bom\ufeff", "bom\\ufeff"),
+        ("ls\u2028ps\u2029", "ls\\u2028ps\\u2029"),  # Zl, Zp
+        ("tag\U000e0041", "tag\\U000e0041"),  # Cf outside the BMP
+        ("bad\udcff.bin", "bad\\udcff.bin"),  # Cs: an undecodable file name byte
+        ("日本語 é ü", "日本語 é ü"),  # printable non-ASCII stays as it is
+    ],
+)
+def test_hidden_characters_are_escaped(value: str, expected: str) -> None:
+    assert shown(value) == expected
+
+
+def test_long_values_are_cut_with_their_length() -> None:
+    text = shown("x" * 10_000_000)
+    assert len(text) == LIMIT and text.endswith("...[10,000,000 chars]")
+    assert len(shown("\n" * 1000, 50)) <= 50  # escapes count against the limit
+
+
+def test_a_huge_value_costs_what_a_short_one_does() -> None:
+    huge = "\u202e" * 50_000_000
+    started = time.perf_counter()
+    shown(huge)
+    assert time.perf_counter() - started < 0.05
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (-5, "-5"),
+        ("lots", '"lots"'),
+        (True, "true"),
+        (None, "null"),
+        ([1, "a"], '[1, "a"]'),
+        ({"k": [1.5]}, '{"k": [1.5]}'),
+        ("a\u202eb\n", '"a\\u202eb\\n"'),
+        (object(), "<object>"),
+    ],
+)
+def test_literals_are_json_like(value: object, expected: str) -> None:
+    assert literal(value) == expected
+
+
+def test_a_huge_int_is_named_by_its_size() -> None:
+    # str() refuses an int of more than 4,300 digits; a config could hold one.
+    assert literal(10**5000) == "<int of 16,610 bits>"
+
+
+def test_literals_of_large_or_deep_values_are_bounded() -> None:
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert literal(deep) == "[[[[[...]]]]]"
+    many = literal(list(range(1_000_000)))
+    assert len(many) <= LIMIT and many.endswith("...")
+    assert len(literal({"k" * 10_000_000: "v" * 10_000_000})) <= LIMIT
+
+
+def test_one_line_is_at_most_1_kb_of_utf8() -> None:
+    for message in ("é" * 5000, "\n" * 5000, "a" * 100_000, "日本" * 1000):
+        line = one_line(message)
+        assert "\n" not in line and len(line.encode()) < 1024
+    assert one_line("short\nmessage") == "short\\nmessage"
