@@ -135,7 +135,7 @@ def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
             where = ".".join(path) or "the deployment config"
             raise ConfigError(
                 f"[{where}] must be a table of keys, not {type(section).__name__} "
-                f"({json.dumps(section, default=str)[:60]}); fix: make it a table"
+                f"({literal(section, 60)}); fix: make it a table"
             )
         section = section.get(part, {})
         section = {} if section is None else section
