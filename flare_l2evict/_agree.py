@@ -10,6 +10,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ._settings import L2EvictSettings
+from ._text import literal, shown
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,9 @@ class Agreement:
 
 def settings_digest(settings: L2EvictSettings | None) -> tuple[str, dict[str, Any]]:
     """A short digest of the settings, so ranks can tell they were configured alike."""
-    shown = {} if settings is None else settings.model_dump(mode="json")
-    text = json.dumps(shown, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:12], shown
+    dumped = {} if settings is None else settings.model_dump(mode="json")
+    text = json.dumps(dumped, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12], dumped
 
 
 def agree(
@@ -65,7 +66,10 @@ def agree(
     if len(digests) > 1:
         first = outcomes[0]
         differing = [o for o in outcomes if o.settings_digest != first.settings_digest]
-        detail = "; ".join(f"rank {o.rank}: {o.settings}" for o in [first, *differing])
+        shown_ranks = [first, differing[0]]
+        detail = "; ".join(f"rank {o.rank}: {literal(o.settings, 200)}" for o in shown_ranks)
+        if len(differing) > 1:
+            detail += f"; and {len(differing) - 1} more ranks"
         return Agreement(
             0,
             fallback,
@@ -74,7 +78,10 @@ def agree(
     agreed = min(o.reclaimed_bytes for o in outcomes)
     reason: str | None = None
     if agreed < outcome.reclaimed_bytes or (agreed == 0 and fallback):
-        named = "; ".join(f"rank {r}: {why}" for r, why in sorted(fallback.items()))
+        listed = sorted(fallback.items())
+        named = "; ".join(f"rank {r}: {shown(why, 300)}" for r, why in listed[:3])
+        if len(listed) > 3:
+            named += f"; and {len(listed) - 3} more ranks"
         reason = f"agreed across {len(outcomes)} ranks (minimum); " + (
             f"fell back: {named}" if named else "another rank saved less"
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
@@ -148,19 +149,27 @@ class _Region:
 
 
 class _Union:
-    """The chosen storages' address ranges, merged into disjoint regions."""
+    """The chosen storages' address ranges, merged into disjoint regions kept in address order.
+
+    Adding a range costs a binary search plus the regions it touches, so a
+    choice over 100,000 small storages stays near-linear.
+    """
 
     def __init__(self) -> None:
+        self.starts: list[int] = []
         self.regions: list[_Region] = []
         self.readable = 0
 
     def add(self, owner: int, name: str, start: int, size: int) -> None:
         end = start + size
-        touching = [r for r in self.regions if r.start < end and start < r.end]
+        at = bisect_right(self.starts, start)
+        low = at - 1 if at and self.regions[at - 1].end > start else at
+        high = bisect_left(self.starts, end, low)
+        touching = self.regions[low:high]
         # The bytes no chosen storage holds yet, word-aligned, are this storage's to read.
         gaps: list[tuple[int, int]] = []
         cursor = start
-        for region in sorted(touching, key=lambda r: r.start):
+        for region in touching:
             if region.start > cursor:
                 gaps.append((cursor, region.start))
             cursor = max(cursor, region.end)
@@ -168,7 +177,6 @@ class _Union:
             gaps.append((cursor, end))
         merged = _Region(start, end, name, size)
         for region in touching:
-            self.regions.remove(region)
             merged.start, merged.end = min(merged.start, region.start), max(merged.end, region.end)
             merged.pieces.extend(region.pieces)
             if region.largest > merged.largest or (
@@ -180,7 +188,26 @@ class _Union:
             if stop > begin:
                 merged.pieces.append(Piece(owner, begin - start, stop - begin))
                 self.readable += stop - begin
-        self.regions.append(merged)
+        self.regions[low:high] = [merged]
+        self.starts[low:high] = [merged.start]
+
+
+class _Ranges:
+    """Disjoint address ranges (the excluded storages), asked whether a range touches one."""
+
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        merged: list[list[int]] = []
+        for low, high in sorted(ranges):
+            if merged and low < merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], high)
+            else:
+                merged.append([low, high])
+        self.lows = [low for low, _ in merged]
+        self.highs = [high for _, high in merged]
+
+    def touch(self, start: int, end: int) -> bool:
+        at = bisect_right(self.highs, start)
+        return at < len(self.lows) and self.lows[at] < end
 
 
 def choose(
@@ -201,7 +228,7 @@ def choose(
     if window_bytes <= 0:
         raise ValueError("window_bytes must be positive")
     names, sizes, starts, skips = storages.names, storages.sizes, storages.starts, storages.skips
-    excluded = _excluded_ranges(storages, exclude_pattern(exclude))
+    excluded = _Ranges(_excluded_ranges(storages, exclude_pattern(exclude)))
     union = _Union()
     rejected: dict[str, int] = dict.fromkeys(SKIP_REASONS, 0)
     by_size = _SameSize(sizes)
@@ -210,7 +237,7 @@ def choose(
         if start % WORD:
             # A float32 read of a storage that starts off a word boundary faults on a GPU.
             rejected["misaligned"] += 1
-        elif any(start < high and low < start + size for low, high in excluded):
+        elif excluded.touch(start, start + size):
             rejected["excluded"] += 1
         else:
             union.add(j, names[j], start, size)
@@ -294,7 +321,7 @@ def _shortfall(
     skipped = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
     return (
         f"no storage on {where} covers the {window_bytes:,}-byte eviction window: "
-        f"{len(union.regions)} eligible regions hold {union.readable:,} distinct bytes"
+        f"{sum(1 for r in union.regions if r.pieces)} eligible regions hold {union.readable:,} distinct bytes"
         + (f" (skipped: {skipped})" if skipped else "")
         + "; stock b12x keeps its own buffer"
     )

@@ -6,18 +6,24 @@ import logging
 import sys
 import weakref
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from ._credit import OUTPUT_ROWS
+from ._errors import SourceError
+from ._log import say
 from ._read_kernel import triton_reads
 from ._source import SourceChoice
+from ._text import shown
 from ._window import WORD
 
 log = logging.getLogger("flare_l2evict.eviction")
 
 Kernel = Literal["auto", "triton", "torch"]
+
+# The C-level size: a storage subclass cannot make it say more than is there.
+_nbytes: Callable[[Any], int] = torch.UntypedStorage.nbytes
 
 
 def triton_started() -> bool:
@@ -78,6 +84,13 @@ class WeightEviction:
             self._out = torch.zeros((), dtype=torch.float32, device=self.device)
             for source in choice.storages:
                 for piece in source.pieces:
+                    # set_ past a storage's end would grow it: reallocate the weights.
+                    if piece.offset + piece.nbytes > _nbytes(piece.storage):
+                        raise SourceError(
+                            f"storage of {shown(repr(source.name), 120)} holds "
+                            f"{_nbytes(piece.storage):,} bytes, fewer than the "
+                            f"{piece.offset + piece.nbytes:,} the choice reads; nothing installed"
+                        )
                     count = piece.nbytes // WORD
                     view = torch.empty(0, dtype=torch.float32, device=self.device)
                     view.set_(piece.storage, piece.offset // WORD, (count,), (1,))
@@ -116,7 +129,7 @@ class WeightEviction:
         return not self._views
 
     def _intact(self) -> bool:
-        return bool(self._views) and all(s.nbytes() >= n for s, n in self._needed)
+        return bool(self._views) and all(_nbytes(s) >= n for s, n in self._needed)
 
     def __call__(self) -> None:
         if self._fallback is None and self._intact():
@@ -131,10 +144,12 @@ class WeightEviction:
     def _stock(self) -> Callable[[], None]:
         if self._fallback is None:
             why = "released" if self.released else "its source storage shrank or was freed"
-            log.warning(
-                "flare_l2evict: eviction over %r on %s is %s; this race falls back to "
+            say(
+                log,
+                logging.WARNING,
+                "flare_l2evict: eviction over %s on %s is %s; this race falls back to "
                 "stock b12x's own buffer",
-                self.source_name,
+                shown(repr(self.source_name), 120),
                 self.device,
                 why,
             )
@@ -156,7 +171,8 @@ class WeightEviction:
 
     def __repr__(self) -> str:
         state = "released" if self.released else f"{self.read_bytes:,} bytes"
-        return f"WeightEviction({self.source_name!r} on {self.device}, {state}, {self.kernel})"
+        name = shown(repr(self.source_name), 120)
+        return f"WeightEviction({name} on {self.device}, {state}, {self.kernel})"
 
 
 class EvictionHandle:

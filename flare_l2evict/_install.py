@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 
+from ._errors import InstallError
 from ._eviction import EvictionHandle, Kernel, WeightEviction
 from ._report import DeviceAudit, SourceRead, StartupAudit
 from ._seam import (
@@ -30,6 +31,7 @@ from ._seam import (
     prove_seam,
 )
 from ._source import SourceChoice, same_device
+from ._text import shown
 
 Mechanism = Literal["fork", "stock-seam"]
 
@@ -175,7 +177,8 @@ class Installation:
 
     def __repr__(self) -> str:
         state = "restored" if self.restored else f"reads {self.read_bytes:,} bytes"
-        return f"Installation({self.mechanism}, {self.source_name!r} on {self.device}, {state})"
+        name = shown(repr(self.source_name), 120)
+        return f"Installation({self.mechanism}, {name} on {self.device}, {state})"
 
 
 class _Slot:
@@ -190,9 +193,14 @@ class _Slot:
         return self._active
 
     def fill(self, make: Callable[[], Installation]) -> Installation:
+        """Install what ``make`` builds, or refuse: the caller owns exactly what it gets."""
         with self._lock:
-            if self._active is None:
-                self._active = make()
+            if self._active is not None:
+                raise InstallError(
+                    f"{shown(repr(self._active), 300)} is already active in this process; "
+                    "fix: restore() it (or call startup_complete) before installing again"
+                )
+            self._active = make()
             return self._active
 
     def release(self, installation: Installation) -> None:
@@ -277,7 +285,8 @@ def install(
     counted for :meth:`Installation.audit`, with the handles alive at once, and
     every stock buffer made instead (other devices, or after the weights went
     away) with the bytes it allocated. While an installation is active,
-    installing again returns it unchanged. Without ``proof`` the seam is proven
+    installing again raises :class:`~flare_l2evict.InstallError`, so a caller
+    owns exactly the installation it gets. Without ``proof`` the seam is proven
     here (:class:`~flare_l2evict.InstallError` if it fails); without ``stock``
     stock's buffer is measured on the device (start-up passes the one it
     measured, so it is measured once).
@@ -300,9 +309,10 @@ def _make(
         if proof is None or stock is None
         else _counted_stock(proof.original, counts, stock.nbytes)
     )
+    device = choice.device  # the fallback must not hold the choice: it holds the weights
     eviction = WeightEviction(
         choice,
-        fallback=None if make_stock is None else (lambda: make_stock(choice.device, True)),
+        fallback=None if make_stock is None else (lambda: make_stock(device, True)),
         kernel=kernel,
     )
     sources = tuple(

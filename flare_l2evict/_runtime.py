@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ._errors import RuntimeContractError
-from ._text import shown
+from ._text import described, described_value
 from .hookspecs import RUNTIME_ATTRIBUTES
 
 MAX_RACE_JOBS = 1024
@@ -87,7 +87,7 @@ class RuntimeFacts:
 
 
 def _one_line(error: BaseException) -> str:
-    return shown(f"{type(error).__name__}: {error}", 200)
+    return described(error, 200)
 
 
 def snapshot(runtime: object) -> Snapshot:
@@ -113,29 +113,38 @@ def snapshot(runtime: object) -> Snapshot:
 
 
 def _whole(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        return None
-    try:
-        return int(value)
+    try:  # isinstance itself reads __class__, which a host's object may make raise
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            return None
+        whole = int(value)
     except Exception:  # an Integral of the host's whose __int__ raises
         return None
+    return whole if type(whole) is int else None
 
 
 def _device(value: object) -> torch.device | None:
-    if isinstance(value, torch.device):
-        device = value
-    elif isinstance(value, str):
-        try:
-            device = torch.device(value)
-        except (RuntimeError, ValueError):
+    try:
+        if type(value) is torch.device:
+            device = value
+        elif isinstance(value, str):
+            device = torch.device(str.__str__(value))
+        else:
             return None
-    else:
+    except Exception:  # not a device torch knows, or a str subclass of the host's
         return None
     return device if device.type in ("cpu", "cuda") else None
 
 
 def placement(seen: Snapshot) -> Placement:
-    """What a report needs to name this process, whatever the host passed."""
+    """What a report needs to name this process, whatever the host passed; never raises."""
+    try:
+        return _placement(seen)
+    except Exception:
+        group = seen.values.get("process_group", None)
+        return Placement("unknown device", 0, 1, None if group is _MISSING else group)
+
+
+def _placement(seen: Snapshot) -> Placement:
     raw_device = seen.values["device"]
     device = _device(raw_device)
     rank = _whole(seen.values["rank"]) if "rank" not in seen.errors else None
@@ -151,17 +160,20 @@ def placement(seen: Snapshot) -> Placement:
     elif raw_device is _MISSING:
         where = "unknown device"
     else:
-        where = shown(repr(raw_device), 40)
+        where = described_value(raw_device, 40)
     group = seen.values["process_group"]
     return Placement(where, rank, world, None if group is _MISSING else group)
 
 
 def _described(value: object) -> str:
     """What a value is, in bounded time: never iterates a tensor's elements."""
-    if isinstance(value, torch.Tensor):
-        return f"a Tensor of shape {tuple(value.shape)} ({value.dtype})"
-    if isinstance(value, list | tuple | set | frozenset):
-        return f"a {type(value).__name__} of {len(value):,} items"
+    try:
+        if isinstance(value, torch.Tensor):
+            return f"a Tensor of shape {tuple(value.shape)} ({value.dtype})"
+        if isinstance(value, list | tuple | set | frozenset):
+            return f"a {type(value).__name__} of {len(value):,} items"
+    except Exception:  # a subclass of the host's whose shape or len raises
+        pass
     return f"a {type(value).__name__}"
 
 
@@ -181,7 +193,7 @@ def read_runtime(runtime: object | Snapshot) -> RuntimeFacts:
         elif value is _MISSING:
             got = "missing"
         else:
-            got = "= " + shown(repr(value), 80)
+            got = "= " + described_value(value, 80)
         return RuntimeContractError(
             f"runtime.{name} {got}: the host must pass {accepts} ({_CONTRACT})"
         )
@@ -272,9 +284,13 @@ def read_tensors(facts: RuntimeFacts) -> Mapping[str, torch.Tensor]:
             f"runtime.resident_tensors() raised {_one_line(error)}: the host must return the "
             f"loaded checkpoint tensors by name ({_CONTRACT})"
         ) from None
-    if not isinstance(found, Mapping):
+    try:
+        mapping = isinstance(found, Mapping)
+    except Exception:
+        mapping = False
+    if not mapping:
         raise RuntimeContractError(
             f"runtime.resident_tensors() returned {_described(found)}, not a mapping of names "
             f"to tensors; fix: return {{name: tensor}} for the loaded checkpoint ({_CONTRACT})"
         )
-    return found
+    return found  # type: ignore[return-value]

@@ -122,13 +122,14 @@ def _one_line(error: ValidationError, section: Mapping[str, Any]) -> str:
     return "; ".join(unique[:_PROBLEMS_SHOWN]) + (f"; and {more:,} more" if more > 0 else "")
 
 
-def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
-    """The validated ``[plugins.l2evict]`` section; defaults when it is absent.
+def read_section(config: object) -> dict[str, Any]:
+    """The ``[plugins.l2evict]`` section, read once into a plain dict; ``{}`` when absent.
 
-    Raises :class:`ConfigError` with one line naming each bad key and what it
-    accepts. Other sections belong to the host and are not inspected.
+    Reading it once means every later step sees the same values, even from a
+    host mapping that answers differently on each read. Raises
+    :class:`ConfigError` when the config or a table on the way is not a table.
     """
-    section: object = config or {}
+    section: object = {} if config is None else config
     path: list[str] = []
     for part in SECTION:
         if not isinstance(section, Mapping):
@@ -145,10 +146,24 @@ def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
             f"[{_SECTION_NAME}] must be a table of keys ({', '.join(ALLOWED)}), "
             f"not {type(section).__name__}"
         )
+    return dict(section)
+
+
+def settings_from_section(section: Mapping[str, Any]) -> L2EvictSettings:
+    """The validated section (:func:`read_section`); :class:`ConfigError` naming each bad key."""
     try:
         return L2EvictSettings.model_validate(dict(section))
     except ValidationError as error:
         raise ConfigError(_one_line(error, section)) from None
+
+
+def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
+    """The validated ``[plugins.l2evict]`` section; defaults when it is absent.
+
+    Raises :class:`ConfigError` with one line naming each bad key and what it
+    accepts. Other sections belong to the host and are not inspected.
+    """
+    return settings_from_section(read_section(config))
 
 
 def load_deployment_config(path: str | Path) -> dict[str, Any]:
@@ -221,23 +236,13 @@ def _no_alias_loader(yaml: Any, path: Path) -> type:
     return NoAliasLoader
 
 
-def wants_raise(config: object) -> bool:
-    """Whether the raw config asks for ``on_error = "raise"``, even if the section is invalid.
+def wants_raise(section: Mapping[str, Any]) -> bool:
+    """Whether the section (:func:`read_section`) asks for ``on_error = "raise"``, valid or not.
 
     An operator who asked for start-up to fail on any fault gets that also when
-    the fault is the plugin's own section (an unknown key, a bad window).
+    the fault is the plugin's own section (an unknown key, a bad window). Only
+    the plain string ``"raise"`` counts: an object that compares equal to
+    anything does not turn the default fallback into an exception.
     """
-    section: object = config
-    for part in SECTION:
-        if not isinstance(section, Mapping):
-            return False
-        try:
-            section = section.get(part)
-        except Exception:  # a host's mapping whose get raises
-            return False
-    if not isinstance(section, Mapping):
-        return False
-    try:
-        return section.get("on_error") == "raise"
-    except Exception:
-        return False
+    value = section.get("on_error")
+    return type(value) is str and value == "raise"

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import torch
 
 from ._decision import Choice, Storages, choose
 from ._errors import SourceError
+from ._text import described_value
 
-# Unbound C methods, mapped over whole lists at C speed; typed loosely for that use.
+# Unbound C methods, mapped over whole lists at C speed; typed loosely for that use. Being
+# the C functions, they also ignore a subclass's overrides: a storage cannot say it holds
+# more than it does.
 _storage_of: Callable[[Any], torch.UntypedStorage] = torch.Tensor.untyped_storage
 _storage_pointer: Callable[[Any], int] = torch.UntypedStorage.data_ptr
-_length: Callable[[Any], int] = len
+_storage_nbytes: Callable[[Any], int] = torch.UntypedStorage.nbytes
+
+MAX_TENSORS = 4_000_000
+"""More resident tensors than any checkpoint shard holds (DeepSeek V3: ~92,000 in all)."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,12 @@ def storages_of(
     tensors: Mapping[str, torch.Tensor], device: torch.device
 ) -> tuple[Storages, list[torch.UntypedStorage | None]]:
     """The decision's view of ``tensors`` (sizes, address ranges, skips), and their storages."""
-    names = list(tensors)
+    names = list(islice(tensors, MAX_TENSORS + 1))
+    if len(names) > MAX_TENSORS:
+        raise SourceError(
+            f"resident_tensors() holds more than {MAX_TENSORS:,} names; fix: the host must "
+            "return this rank's checkpoint tensors, by name"
+        )
     if not names:
         raise SourceError(
             "no resident checkpoint tensors; fix: the host must call before_first_capture "
@@ -133,18 +145,25 @@ def storages_of(
         odd = next((n for n in names if not isinstance(n, str)), None)
         if odd is not None:
             raise SourceError(
-                f"resident tensor name {odd!r:.200} has type {type(odd).__name__}, not str; "
-                "fix: the host's resident_tensors() must map names (str) to tensors"
+                f"resident tensor name {described_value(odd)} has type {type(odd).__name__}, "
+                "not str; fix: the host's resident_tensors() must map names (str) to tensors"
             )
-    storages, complete = _storages(names, list(tensors.values()))
-    if complete:
-        sizes = list(map(_length, storages))  # len(UntypedStorage) is nbytes, and cheaper
-    else:
-        sizes = [0 if s is None else len(s) for s in storages]
+        # str subclasses of the host's: plain copies, so ordering and echoes are str's own.
+        names = [str.__str__(name) for name in names]
+    values: list[object] = list(islice(tensors.values(), len(names)))
+    if len(values) != len(names):
+        raise SourceError(
+            "resident_tensors() gave fewer values than names; fix: return a plain mapping"
+        )
+    storages, complete = _storages(names, values)
+    sizes = _sizes(storages) if complete else None
+    if sizes is None:
+        storages = [s if _readable(s) else None for s in storages]
+        sizes = [0 if s is None else _storage_nbytes(s) for s in storages]
     verdicts: dict[torch.device, str | None] = {}
 
     def skip(storage: torch.UntypedStorage | None) -> str | None:
-        if storage is None:
+        if storage is None or not _readable(storage):
             return "no storage"
         found = storage.device
         if found not in verdicts:
@@ -154,8 +173,31 @@ def storages_of(
                 verdicts[found] = None if same_device(found, device) else "other device"
         return verdicts[found]
 
-    starts = _PerStorage(storages, _storage_pointer)
+    starts = _PerStorage(storages, _start)
     return Storages(names, sizes, starts, _PerStorage(storages, skip)), storages
+
+
+def _sizes(storages: list[torch.UntypedStorage | None]) -> list[int] | None:
+    try:
+        return list(map(_storage_nbytes, storages))
+    except Exception:  # a wrapper subclass's storage: sized one by one below
+        return None
+
+
+def _readable(storage: torch.UntypedStorage | None) -> bool:
+    """Whether the storage has bytes a kernel can read (wrapper subclasses' storages have none)."""
+    if storage is None:
+        return False
+    try:
+        _storage_pointer(storage)
+        _storage_nbytes(storage)
+    except Exception:
+        return False
+    return True
+
+
+def _start(storage: torch.UntypedStorage | None) -> int:
+    return 0 if storage is None else _storage_pointer(storage)
 
 
 def source_choice(

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._agree import Agreement, RankOutcome, agree, settings_digest
-from ._credit import Credit
+from ._credit import Credit, credit
 from ._decision import Decision, decide
-from ._errors import L2EvictError
+from ._errors import InstallError, L2EvictError
 from ._install import Installation, active_installation, install, restore
+from ._log import say
 from ._report import ReclaimReport, SourceRead, StartupAudit
 from ._runtime import (
     Placement,
@@ -40,10 +41,10 @@ from ._runtime import (
     snapshot,
 )
 from ._seam import SeamProof, StockBuffer, fork_function, measure_stock_buffer, prove_seam
-from ._settings import L2EvictSettings, settings_from_config, wants_raise
+from ._settings import L2EvictSettings, read_section, settings_from_section, wants_raise
 from ._source import source_choice, storages_of
-from ._text import shown
-from ._window import device_l2_bytes, stock_buffer_bytes
+from ._text import described, shown
+from ._window import WORD, device_l2_bytes, stock_buffer_bytes
 
 log = logging.getLogger("flare_l2evict")
 
@@ -106,11 +107,13 @@ def measure_sizes(facts: RuntimeFacts, settings: L2EvictSettings, clock: _Clock)
 
 
 def _decide_and_install(
-    facts: RuntimeFacts, settings: L2EvictSettings, sizes: Sizes, clock: _Clock
+    facts: RuntimeFacts, settings: L2EvictSettings, sizes: Sizes, clock: _Clock, state: _State
 ) -> tuple[Decision, Installation | None]:
     """The decision on this rank's tensors, and the installation when it credits anything.
 
-    Invariant: when the decision's credit is 0, nothing is installed.
+    Invariants: when the decision's credit is 0, nothing is installed; an
+    installation made here is recorded on ``state`` at once (the start-up owns
+    it, and only it), and reads at least the window it is credited for.
     """
     with clock.step("source"):
         tensors = read_tensors(facts)
@@ -127,17 +130,30 @@ def _decide_and_install(
         return decision, None
     with clock.step("install"):
         choice = source_choice(decision.choice, held, facts.device)
-        installation = install(choice, sizes.proof, sizes.stock)
+        installation = install(choice, sizes.proof, sizes.stock)  # refuses if one is active
+        state.installation = installation
+    if installation.read_bytes < sizes.window_bytes // WORD * WORD:
+        raise InstallError(
+            f"the eviction reads {installation.read_bytes:,} of the {sizes.window_bytes:,}-byte "
+            "window it was chosen for; nothing credited"
+        )
     return decision, installation
 
 
 @dataclass
 class _State:
-    """The start-up in progress or done: who runs it, and what it reported."""
+    """The start-up in progress or done: who runs it, what it installed and reported.
+
+    ``offering`` is true while the credit is being handed to the allocator; a
+    ``startup_complete`` that lands then sets ``finished`` and leaves the restore
+    to the offering thread, once ``add_reclaimed`` has returned.
+    """
 
     thread: int
-    generation: int
+    installation: Installation | None = None
     report: ReclaimReport | None = None
+    offering: bool = False
+    finished: bool = False
 
 
 class L2EvictStartup:
@@ -147,32 +163,30 @@ class L2EvictStartup:
     ``on_error = "raise"`` (and then only after restoring stock b12x, or, once
     the credit was offered, keeping the eviction it backs); on any fault it
     restores stock b12x and reports 0 with the reason, whatever the host passed.
+    It restores only the installation it made itself.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # held only for state changes, never across host code
         self._state: _State | None = None
-        self._generation = 0
 
     def run(self, runtime: object) -> ReclaimReport:
         with self._lock:
             busy = self._state
             if busy is None:
-                self._generation += 1
-                generation = self._generation
-                self._state = _State(threading.get_ident(), generation)
+                state = self._state = _State(threading.get_ident())
         if busy is not None:
             return self._refused(runtime, busy)
         try:
-            return self._run(runtime, generation)
+            return self._run(runtime, state)
         except BaseException as error:
             # Whatever escaped, the state says the start-up ran, so startup_complete still
-            # audits; an installation stays only if a credit was offered against it.
-            installation = active_installation()
-            if installation is not None and installation.offered_bytes == 0:
-                installation.restore()
-            self._settle(generation, None)
-            if isinstance(error, L2EvictError) or not isinstance(error, Exception):
+            # audits; this start-up's installation stays only if its credit was offered.
+            mine = state.installation
+            if mine is not None and mine.offered_bytes == 0:
+                mine.restore()
+            self._settle(state, None)
+            if L2EvictError in type(error).__mro__ or Exception not in type(error).__mro__:
                 raise  # on_error = "raise", KeyboardInterrupt, SystemExit
             return _nothing(runtime, f"internal error in flare_l2evict ({_reason(error)})")
 
@@ -186,20 +200,19 @@ class L2EvictStartup:
             how = "repeated call (before_first_capture already ran in this start-up)"
         active = repr(installation) if installation is not None else "no installation"
         reason = (
-            f"{how} while a start-up is active ({active}); this call credits 0 and changes "
-            "nothing; fix: call before_first_capture once per start-up, and startup_complete "
-            "before starting again"
+            f"{how} while a start-up is active ({shown(active, 300)}); this call credits 0 and "
+            "changes nothing; fix: call before_first_capture once per start-up, and "
+            "startup_complete before starting again"
         )
         return _nothing(runtime, reason)
 
-    def _run(self, runtime: object, generation: int) -> ReclaimReport:
+    def _run(self, runtime: object, state: _State) -> ReclaimReport:
         clock = _Clock()
         with clock.step("runtime"):
             seen = snapshot(runtime)
             where = placement(seen)
         settings: L2EvictSettings | None = None
         sizes: Sizes | None = None
-        decision: Decision | None = None
         installation: Installation | None = None
         local = Credit(0, "not started")
         error: Exception | None = None
@@ -207,33 +220,40 @@ class L2EvictStartup:
         try:
             config = seen.get("config")
             with clock.step("settings"):
-                # Settings first, so on_error = "raise" also covers the runtime's faults.
-                raising = wants_raise(config)
+                # Settings first, so on_error = "raise" also covers the runtime's faults;
+                # the section is read once, so both see the same values. A config that
+                # is no mapping at all is the runtime's fault, named below.
                 if config is None or isinstance(config, Mapping):
-                    settings = settings_from_config(config)
+                    section = read_section(config)
+                    raising = wants_raise(section)
+                    settings = settings_from_section(section)
                     raising = settings.on_error == "raise"
             with clock.step("runtime"):
-                facts = read_runtime(seen)  # a config that is no mapping fails here
-            settings = settings or settings_from_config(facts.config)
+                facts = read_runtime(seen)
+            settings = settings or settings_from_section(read_section(facts.config))
             if not settings.enabled:
                 local = Credit(0, "disabled by config (enabled = false)")
             else:
                 sizes = measure_sizes(facts, settings, clock)
-                decision, installation = _decide_and_install(facts, settings, sizes, clock)
+                decision, installation = _decide_and_install(facts, settings, sizes, clock, state)
                 local = decision.credit
+                if installation is not None:  # held to what was really installed
+                    local = _credit_of(installation, sizes)
         except Exception as caught:
-            restore()
+            if state.installation is not None:
+                state.installation.restore()
             installation, error = None, caught
             local = Credit(0, _reason(caught))
         except BaseException:
-            restore()
+            if state.installation is not None:
+                state.installation.restore()
             raise
         with clock.step("agree"):
             agreed = self._agree(where, local, settings)
         if agreed.reclaimed_bytes == 0 and installation is not None:
             installation.restore()  # ranks race alike: if nothing is credited, nobody reads weights
             installation = None
-        if installation is not None and not self._claim_offer(generation):
+        if installation is not None and not self._claim_offer(state):
             installation.restore()
             installation = None
             agreed = Agreement(
@@ -241,17 +261,22 @@ class L2EvictStartup:
             )
         report = _report(where, local, agreed, sizes, installation, clock.total())
         if error is not None and raising:
-            self._settle(generation, report)
-            log.warning("flare_l2evict: stock b12x eviction kept; %s", report.summary())
+            self._settle(state, report)
+            say(
+                log,
+                logging.WARNING,
+                "flare_l2evict: stock b12x eviction kept; %s",
+                report.summary(),
+            )
             raise L2EvictError(f"l2evict failed and on_error = 'raise': {report.reason}") from error
-        return self._offer(seen, report, installation, generation, raising)
+        return self._offer(seen, report, installation, state, raising)
 
     def _offer(
         self,
         seen: Snapshot,
         report: ReclaimReport,
         installation: Installation | None,
-        generation: int,
+        state: _State,
         raising: bool,
     ) -> ReclaimReport:
         """Hand the report to the KV allocator, once; from here on the credit stays backed."""
@@ -262,11 +287,13 @@ class L2EvictStartup:
                 offered, race_jobs=report.race_jobs, stock_buffer_bytes=report.stock_buffer_bytes
             )
         raised: BaseException | None = None
-        if add is not None:
-            try:
+        try:
+            if add is not None:
                 add(report)
-            except BaseException as caught:  # the allocator may have applied it before raising
-                raised = caught
+        except BaseException as caught:  # the allocator may have applied it before raising
+            raised = caught
+        finally:
+            self._end_offer(state, installation)
         if raised is not None:
             text = _reason(raised)
             if installation is not None:
@@ -277,18 +304,20 @@ class L2EvictStartup:
                     allocator_error=text,
                 )
             report = report.model_copy(update={"allocator_error": text})
-        self._settle(generation, report)
+        self._settle(state, report)
         if report.reclaimed_bytes:
             level = logging.WARNING if raised is not None else logging.INFO
-            log.log(level, "flare_l2evict: %s", report.summary())
+            say(log, level, "flare_l2evict: %s", report.summary())
         else:
             detail = f" (kv_allocator.add_reclaimed raised {report.allocator_error})"
-            log.warning(
+            say(
+                log,
+                logging.WARNING,
                 "flare_l2evict: stock b12x eviction kept; %s%s",
                 report.summary(),
                 detail if raised is not None else "",
             )
-        if raised is not None and not isinstance(raised, Exception):
+        if raised is not None and Exception not in type(raised).__mro__:
             raise raised
         if raised is not None and raising:
             raise L2EvictError(
@@ -298,20 +327,30 @@ class L2EvictStartup:
             ) from raised
         return report
 
-    def _claim_offer(self, generation: int) -> bool:
-        """Whether this start-up is still the current one; from here its credit may be offered.
+    def _claim_offer(self, state: _State) -> bool:
+        """Whether this start-up is still the current one; if so, its offer begins.
 
-        Under the lock, so a ``startup_complete`` either came before (no offer, nothing
-        stays installed) or comes after the offer (it ends the start-up, as it should).
+        Under the lock: a ``startup_complete`` either came before (no offer,
+        nothing stays installed) or comes during or after the offer (it ends the
+        start-up, and the restore waits for ``add_reclaimed`` to return).
         """
         with self._lock:
-            return self._state is not None and self._state.generation == generation
+            if self._state is not state:
+                return False
+            state.offering = True
+            return True
 
-    def _settle(self, generation: int, report: ReclaimReport | None) -> None:
-        """Record the start-up as done (with its report), unless it was finished meanwhile."""
+    def _end_offer(self, state: _State, installation: Installation | None) -> None:
         with self._lock:
-            if self._state is not None and self._state.generation == generation:
-                self._state.report = report or self._state.report or _NO_REPORT
+            state.offering = False
+            finished = state.finished
+        if finished and installation is not None:
+            installation.restore()  # startup_complete came during the offer; it is over now
+
+    def _settle(self, state: _State, report: ReclaimReport | None) -> None:
+        """Record the start-up as done, with its report."""
+        with self._lock:
+            state.report = report or state.report or _NO_REPORT
 
     def _agree(
         self, where: Placement, local: Credit, settings: L2EvictSettings | None
@@ -327,16 +366,37 @@ class L2EvictStartup:
             return Agreement(0, {}, f"tensor-parallel agreement failed ({_reason(caught)})")
 
     def finish(self) -> StartupAudit:
-        """Start-up is over: audit, stock b12x back, no reference to the weights."""
+        """Start-up is over: audit, stock b12x back, no reference to the weights.
+
+        Never raises an ``Exception``: it is the host's last start-up step.
+        """
         with self._lock:
             state, self._state = self._state, None
+            deferred = state is not None and state.offering
+            if state is not None:
+                state.finished = True
         installation = active_installation()
-        audit = StartupAudit(mechanism="none") if installation is None else installation.audit()
-        restore()
+        try:
+            audit = StartupAudit(mechanism="none") if installation is None else installation.audit()
+        except Exception as error:
+            audit = StartupAudit(mechanism="none", device=f"audit failed: {_reason(error)}")
+        if not deferred:
+            restore()
         if state is not None or installation is not None:
             level = logging.WARNING if audit.warns else logging.INFO
-            log.log(level, "flare_l2evict: audit: %s", audit.summary())
+            say(log, level, "flare_l2evict: audit: %s", audit.summary())
         return audit
+
+
+def _credit_of(installation: Installation, sizes: Sizes) -> Credit:
+    """The decision's credit, held to what was really installed."""
+    return credit(
+        installable=not installation.restored,
+        race_jobs=sizes.race_jobs,
+        stock_buffer_bytes=sizes.stock.nbytes,
+        window_bytes=sizes.window_bytes // WORD * WORD,
+        read_bytes=installation.read_bytes,
+    )
 
 
 _NO_REPORT = ReclaimReport(
@@ -355,7 +415,7 @@ def _nothing(runtime: object, reason: str) -> ReclaimReport:
         mechanism="none",
         reason=reason,
     )
-    log.warning("flare_l2evict: this call changed nothing; %s", report.summary())
+    say(log, logging.WARNING, "flare_l2evict: this call changed nothing; %s", report.summary())
     return report
 
 
@@ -398,9 +458,7 @@ def _report(
 
 
 def _reason(error: BaseException) -> str:
-    """One line: our own errors as they are, anything else with its type."""
-    if isinstance(error, L2EvictError):
-        text = str(error)
-    else:
-        text = f"{type(error).__name__}: {error}"
-    return shown(" ".join(text.split()), 500)
+    """One line: our own errors as they are, anything else with its type; never raises."""
+    if type(error).__mro__.count(L2EvictError):
+        return shown(" ".join(str(error).split()), 500)
+    return described(error, 500)

@@ -134,3 +134,28 @@ def one_line(message: str, max_bytes: int = LINE_BYTES) -> str:
         return line
     marker = "...[cut]"
     return encoded[: max_bytes - 1 - len(marker)].decode("utf-8", "ignore") + marker
+
+
+def described(error: BaseException, limit: int = LIMIT) -> str:
+    """``Type: message`` of an exception on one bounded line, even when its ``__str__`` raises.
+
+    Exceptions come from the host's code too, and an exception raised while
+    describing another must not escape the hook's fallback guard.
+    """
+    kind = type(error).__name__
+    try:
+        text = str(error)
+    except Exception:
+        text = "<its message could not be read>"
+    if not isinstance(text, str):  # a __str__ that returns a str subclass or worse
+        text = "<its message could not be read>"
+    return shown(" ".join(f"{kind}: {text}".split()), limit)
+
+
+def described_value(value: object, limit: int = LIMIT) -> str:
+    """``repr(value)`` on one bounded line, even when its ``__repr__`` raises."""
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<a {type(value).__name__} whose repr raised>"
+    return shown(text if type(text) is str else str.__str__(text), limit)

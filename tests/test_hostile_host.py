@@ -29,6 +29,8 @@ A process group whose size differs from ``world_size`` is in ``test_tp_gloo.py``
 
 from __future__ import annotations
 
+import gc
+import itertools
 import logging
 import threading
 import time
@@ -464,3 +466,225 @@ def test_hostile_runtime_stand_in_is_a_runtime() -> None:
     assert seen["device"] == torch.device("cpu") and callable(seen["resident_tensors"])
     report = hook(runtime)
     assert report.reclaimed_bytes == CREDIT == runtime.kv_allocator.applied
+
+
+# Found by a hostile review of the above (each a reproduced fault, now closed).
+def test_a_host_that_ends_and_restarts_start_up_inside_the_hook_keeps_the_new_credit() -> None:
+    second = hostile()
+
+    class RestartingRuntimeStandIn(HostileRuntimeStandIn):
+        def resident_tensors(self) -> Any:
+            PM.hook.startup_complete(runtime=self)  # ends this start-up ...
+            hook(second)  # ... and a second one credits and installs
+            raise RuntimeError("first start-up's tensors are gone")
+
+    first = RestartingRuntimeStandIn(HostileAllocatorStandIn(), weights())
+    assert hook(first).reclaimed_bytes == 0
+    assert second.kv_allocator.applied == CREDIT
+    assert seam_is_ours()  # the first start-up's fault did not take the second's backing
+    installation = flare_l2evict.active_installation()
+    assert installation is not None and installation.offered_bytes == CREDIT
+
+
+def test_startup_complete_during_the_offer_waits_for_add_reclaimed_to_return() -> None:
+    seen: list[bool] = []
+
+    class FinishingAllocatorStandIn(HostileAllocatorStandIn):
+        def add_reclaimed(self, report: ReclaimReport) -> None:
+            other = threading.Thread(target=plugin.finish)  # startup_complete, concurrently
+            other.start()
+            other.join()
+            self.applied += report.reclaimed_bytes
+            seen.append(seam_is_ours())  # still backed while the credit is applied
+
+    runtime = HostileRuntimeStandIn(FinishingAllocatorStandIn(), weights())
+    assert hook(runtime).reclaimed_bytes == CREDIT
+    assert seen == [True]
+    assert not seam_is_ours()  # start-up was over: restored once the offer returned
+
+
+def test_an_installation_made_before_the_hook_is_never_credited() -> None:
+    tiny = flare_l2evict.choose_source({"tiny": torch.zeros(MiB // 4)}, "cpu", MiB)
+    earlier = flare_l2evict.install(tiny)
+    runtime = hostile()
+    report = hook(runtime)
+    assert report.reclaimed_bytes == 0 and "already active" in (report.reason or "")
+    assert runtime.kv_allocator.applied == 0
+    assert flare_l2evict.active_installation() is earlier  # left as it was
+
+
+class OverstatedStorageStandIn(torch.UntypedStorage):
+    """A storage whose Python-level size claims a gigabyte over one mebibyte."""
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def nbytes(self) -> int:
+        return 1 << 30
+
+
+def test_a_storage_cannot_overstate_its_size_or_be_grown() -> None:
+    tensor = torch.empty(0).set_(OverstatedStorageStandIn(MiB))
+    address = tensor.data_ptr()
+    report = hook(hostile(tensors={"w": tensor}))
+    assert report.reclaimed_bytes == 0 and "1,048,576 distinct bytes" in (report.reason or "")
+    assert tensor.data_ptr() == address
+    assert torch.UntypedStorage.nbytes(tensor.untyped_storage()) == MiB  # never written
+
+
+class UnprintableStandIn:
+    """A host value whose repr raises."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr")
+
+
+class RaisingClassStandIn:
+    """A host value whose __class__ raises, so even isinstance() on it raises."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        raise RuntimeError("__class__")
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"device": UnprintableStandIn()},
+        {"rank_": RaisingClassStandIn()},
+        {"race_jobs_": RaisingClassStandIn()},
+        {"tensors": UnprintableStandIn()},
+    ],
+    ids=["device-repr", "rank-class", "race-jobs-class", "tensors-repr"],
+)
+def test_host_values_that_cannot_be_printed_or_inspected_give_zero(change: dict[str, Any]) -> None:
+    runtime = hostile()
+    for name, value in change.items():
+        if name == "device":  # a property: shadow it on a subclass
+            runtime.__class__ = type(
+                "DeviceRuntimeStandIn", (HostileRuntimeStandIn,), {name: value}
+            )
+        else:
+            setattr(runtime, name, value)
+    report = hook(runtime)
+    assert report.reclaimed_bytes == 0 and report.reason and "\n" not in report.reason
+
+
+def test_an_exception_whose_message_raises_gives_zero() -> None:
+    class RaisingTensorsStandIn(HostileRuntimeStandIn):
+        def resident_tensors(self) -> Any:
+            raise UnprintableError
+
+    report = hook(RaisingTensorsStandIn(HostileAllocatorStandIn(), weights()))
+    assert report.reclaimed_bytes == 0
+    assert "UnprintableError: <its message could not be read>" in (report.reason or "")
+
+
+class DownLogSinkStandIn(logging.Handler):
+    """A host log handler whose sink is down."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        raise OSError("log sink down")
+
+
+@pytest.mark.parametrize("race_jobs", [JOBS, -1], ids=["credited", "contract-error"])
+def test_a_log_handler_that_raises_breaks_neither_hook(race_jobs: int) -> None:
+    handler = DownLogSinkStandIn()
+    logging.getLogger("flare_l2evict").addHandler(handler)
+    try:
+        runtime = hostile(race_jobs_=race_jobs)
+        report = hook(runtime)
+        assert report.reclaimed_bytes == (CREDIT if race_jobs > 0 else 0)
+        assert seam_is_ours() == (race_jobs > 0)
+        plugin.finish()
+        assert not seam_is_ours()
+    finally:
+        logging.getLogger("flare_l2evict").removeHandler(handler)
+
+
+class ForgingNameStandIn(str):
+    """A tensor name whose repr forges a second log line."""
+
+    def __repr__(self) -> str:
+        return "w'\nINFO flare_l2evict: reclaimed 0 bytes (forged)"
+
+
+@pytest.mark.parametrize(
+    "name", [ForgingNameStandIn("w"), "w" * 5_000_000], ids=["forged-repr", "5-MB-name"]
+)
+def test_echoed_names_stay_on_one_bounded_line(name: str, caplog: pytest.LogCaptureFixture) -> None:
+    runtime = hostile(tensors={name: torch.zeros(128 * MiB // 4)})
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        first = hook(runtime)
+        again = hook(runtime)  # the refusal names the active installation
+    assert first.reclaimed_bytes == CREDIT and again.reclaimed_bytes == 0
+    for record in caplog.records:
+        text = record.getMessage()
+        assert "\n" not in text and len(text) < 2_000, text[:300]
+    assert again.reason is not None and "\n" not in again.reason
+
+
+def test_no_reference_to_the_weights_after_startup_complete_even_from_a_kept_handle() -> None:
+    tensors = weights()
+    alive = tensors["model.layers.0.mlp.experts.w13_weight"].untyped_storage()._weak_ref()
+    runtime = hostile(tensors=tensors)
+    del tensors
+    hook(runtime)
+    kept = measurement._l2_flush_fn(torch.device("cpu"), enabled=True)  # a job keeps its handle
+    plugin.finish()
+    runtime.tensors = {}
+    gc.collect()
+    assert torch.UntypedStorage._expired(alive)
+    assert isinstance(kept, EvictionHandle) and kept.eviction.released
+
+
+def test_a_wrapper_subclass_without_storage_bytes_is_skipped_not_fatal() -> None:
+    class WrapperTensorStandIn(torch.Tensor):
+        """A DTensor-like wrapper: a tensor with no readable storage of its own."""
+
+        @staticmethod
+        def __new__(cls, size: int) -> Any:
+            return torch.Tensor._make_wrapper_subclass(cls, (size,), dtype=torch.float32)
+
+        @classmethod
+        def __torch_dispatch__(
+            cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            raise NotImplementedError
+
+    tensors = {"wrapped": WrapperTensorStandIn(1 << 28), **weights()}
+    report = hook(hostile(tensors=tensors))
+    assert report.reclaimed_bytes == CREDIT
+    assert report.source_tensor == "model.layers.0.mlp.experts.w13_weight"
+
+
+def test_a_mapping_with_endless_names_is_refused_in_bounded_memory() -> None:
+    class EndlessMappingStandIn(Mapping[str, torch.Tensor]):
+        def __getitem__(self, key: str) -> torch.Tensor:
+            return torch.zeros(1)
+
+        def __iter__(self) -> Iterator[str]:
+            return (f"t{i}" for i in itertools.count())
+
+        def __len__(self) -> int:
+            return 1 << 62
+
+    report = hook(hostile(tensors=EndlessMappingStandIn()))
+    assert report.reclaimed_bytes == 0 and "more than 4,000,000 names" in (report.reason or "")
+
+
+def test_an_on_error_value_equal_to_anything_does_not_turn_fallback_into_raise() -> None:
+    class EqualToAnythingStandIn:
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = object.__hash__
+
+    config = {"plugins": {"l2evict": {"on_error": EqualToAnythingStandIn()}}}
+    report = hook(hostile(config=config))
+    assert report.reclaimed_bytes == 0 and "on_error" in (report.reason or "")

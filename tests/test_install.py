@@ -60,11 +60,13 @@ def test_restore_puts_stock_back_and_releases() -> None:
     assert measurement._l2_flush_fn is STOCK
 
 
-def test_installing_twice_is_a_no_op() -> None:
+def test_installing_twice_is_refused_and_changes_nothing() -> None:
     first = install(choice(), prove_seam(), STOCK_BUFFER)
     seam = measurement._l2_flush_fn
-    assert install(choice(), prove_seam(), STOCK_BUFFER) is first
+    with pytest.raises(InstallError, match=r"Installation\(stock-seam, 'w' on cpu.*already active"):
+        install(choice(), prove_seam(), STOCK_BUFFER)
     assert measurement._l2_flush_fn is seam
+    assert flare_l2evict.active_installation() is first
 
 
 def test_the_proof_unwraps_an_installed_seam() -> None:

@@ -10,7 +10,13 @@ from ..._errors import CheckpointError
 
 
 def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, torch.Tensor]:
-    """Every tensor of ``path`` on ``device``; :class:`CheckpointError` if unreadable."""
+    """Every tensor of ``path`` on ``device``, each in an allocation of its own.
+
+    That is what ``load_file(device="cuda")`` gives a GPU server. On a CPU,
+    safetensors maps the file instead, and its tensors sit at file offsets that
+    need not be float32-aligned; each is copied out, so a CPU start-up sees what
+    a GPU's would. Raises :class:`CheckpointError` if the file is unreadable.
+    """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -23,7 +29,10 @@ def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, torch.T
     if not path.is_file():
         raise CheckpointError(f"{path}: not a file; fix: pass a single .safetensors file")
     try:
-        return load_file(path, device=str(device))
+        loaded = load_file(path, device=str(device))
+        if device.type == "cpu":
+            return {name: tensor.clone() for name, tensor in loaded.items()}
+        return loaded
     except SafetensorError as error:
         raise CheckpointError(
             f"{path}: not a readable safetensors file ({error}); fix: re-export or re-download it"
