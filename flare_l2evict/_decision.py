@@ -165,6 +165,15 @@ class _Union:
         at = bisect_right(self.starts, start)
         low = at - 1 if at and self.regions[at - 1].end > start else at
         high = bisect_left(self.starts, end, low)
+        if low == high:  # the usual case: apart from every chosen storage
+            region = _Region(start, end, name, size)
+            begin, stop = -(-start // WORD) * WORD, end // WORD * WORD
+            if stop > begin:
+                region.pieces.append(Piece(owner, begin - start, stop - begin))
+                self.readable += stop - begin
+            self.regions.insert(low, region)
+            self.starts.insert(low, start)
+            return
         touching = self.regions[low:high]
         # The bytes no chosen storage holds yet, word-aligned, are this storage's to read.
         gaps: list[tuple[int, int]] = []
@@ -229,17 +238,14 @@ def choose(
         raise ValueError("window_bytes must be positive")
     names, sizes, starts, skips = storages.names, storages.sizes, storages.starts, storages.skips
     excluded = _Ranges(_excluded_ranges(storages, exclude_pattern(exclude)))
+    if sum(sizes) < window_bytes:  # every byte together is too few: no need to try each
+        return Choice(window_bytes, (), 0, _shortfall(storages, window_bytes, excluded, where))
     union = _Union()
-    rejected: dict[str, int] = dict.fromkeys(SKIP_REASONS, 0)
     by_size = _SameSize(sizes)
 
     def take(j: int, start: int, size: int) -> None:
-        if start % WORD:
-            # A float32 read of a storage that starts off a word boundary faults on a GPU.
-            rejected["misaligned"] += 1
-        elif excluded.touch(start, start + size):
-            rejected["excluded"] += 1
-        else:
+        # A float32 read of a storage that starts off a word boundary faults on a GPU.
+        if start % WORD == 0 and not excluded.touch(start, start + size):
             union.add(j, names[j], start, size)
 
     for size in sorted(set(sizes), reverse=True):
@@ -255,7 +261,7 @@ def choose(
             take(j, starts[j], size)
             if union.readable >= window_bytes:
                 break
-            union, rejected = _Union(), dict.fromkeys(SKIP_REASONS, 0)
+            union = _Union()
         first: dict[int, int] = {}  # storage start -> index of its first name
         for j in views:
             if skips is not None and skips[j] is not None:
@@ -270,7 +276,7 @@ def choose(
                 break
     window_words = window_bytes // WORD * WORD
     if union.readable < window_words:
-        line = _shortfall(storages, window_bytes, union, rejected, where)
+        line = _shortfall(storages, window_bytes, excluded, where)
         return Choice(window_bytes, (), 0, line)
     regions = sorted(union.regions, key=lambda r: (-r.readable, r.name))
     sources: list[Source] = []
@@ -303,26 +309,39 @@ def _excluded_ranges(storages: Storages, pattern: re.Pattern[str] | None) -> lis
     ]
 
 
-def _shortfall(
-    storages: Storages, window_bytes: int, union: _Union, rejected: dict[str, int], where: str
-) -> str:
+def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: str) -> str:
     """The one line saying why the eligible storages cannot cover the window.
 
-    Called only when every storage was tried, so the counts are complete.
+    One pass over every tensor and one sort of the eligible ranges: the same
+    line, and the same cost, whether the choice tried every storage or saw at
+    once that all of them together are too few bytes.
     """
-    counts = dict(rejected)
-    skips = storages.skips
+    counts = dict.fromkeys(SKIP_REASONS, 0)
+    skips, starts = storages.skips, storages.starts
+    ranges: set[tuple[int, int]] = set()
     for i, size in enumerate(storages.sizes):
         reason = None if skips is None else skips[i]
         if reason is None and size <= 0:
             reason = "empty or freed"
+        if reason is None:
+            start = starts[i]
+            if start % WORD:
+                reason = "misaligned"
+            elif excluded.touch(start, start + size):
+                reason = "excluded"
+            else:
+                ranges.add((start, start + size))
         if reason is not None:
-            counts[reason] = counts.get(reason, 0) + 1
+            counts[reason] += 1
+    distinct, reach = 0, 0
+    for low, high in sorted(ranges):
+        distinct += max(0, high - max(low, reach))
+        reach = max(reach, high)
     skipped = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
     return (
         f"no storage on {where} covers the {window_bytes:,}-byte eviction window: "
-        f"{sum(1 for r in union.regions if r.pieces)} eligible regions hold {union.readable:,} distinct bytes"
-        + (f" (skipped: {skipped})" if skipped else "")
+        f"{len(ranges):,} eligible storages hold {distinct:,} distinct bytes"
+        + (f" (tensors skipped: {skipped})" if skipped else "")
         + "; stock b12x keeps its own buffer"
     )
 

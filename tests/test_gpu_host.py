@@ -124,7 +124,7 @@ def test_tensors_over_one_cuda_allocation_count_once(
     }
     (report,) = pm.hook.before_first_capture(runtime=runtime_for(short, device))
     print(f"16 aliases of {half.nbytes():,} bytes: {report.summary()}")
-    assert report.reclaimed_bytes == 0 and "1 eligible regions" in (report.reason or "")
+    assert report.reclaimed_bytes == 0 and "1 eligible storages" in (report.reason or "")
     assert flare_l2evict.active_installation() is None
 
 

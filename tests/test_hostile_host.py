@@ -237,7 +237,7 @@ def test_storages_that_overlap_in_memory_count_once() -> None:
     assert len({id(t.untyped_storage()) for t in tensors.values()}) == 130
     report = hook(hostile(tensors=tensors))
     assert report.reclaimed_bytes == 0
-    assert "1 eligible regions hold 1,048,576 distinct bytes" in report.reason
+    assert "1 eligible storages hold 1,048,576 distinct bytes" in report.reason
 
 
 def test_partly_overlapping_storages_are_read_once_each_byte() -> None:
