@@ -105,7 +105,10 @@ def _device(text: str) -> torch.device:
     return device
 
 
-def _add_profile_flags(parser: argparse.ArgumentParser) -> None:
+def _add_profile_flags(
+    parser: argparse.ArgumentParser, *, memory: bool = False, kv: bool = False
+) -> None:
+    """The profile's flags; ``memory`` and ``kv`` only where the command uses them."""
     parser.add_argument(
         "--profile",
         choices=sorted(PROFILES),
@@ -122,12 +125,15 @@ def _add_profile_flags(parser: argparse.ArgumentParser) -> None:
         metavar="J",
         help="override the profile's race jobs",
     )
-    parser.add_argument(
-        "--memory-gib",
-        type=_bounded("--memory-gib"),
-        metavar="G",
-        help="override the profile's memory",
-    )
+    if memory:
+        parser.add_argument(
+            "--memory-gib",
+            type=_bounded("--memory-gib"),
+            metavar="G",
+            help="override the profile's memory",
+        )
+    if not kv:
+        return
     parser.add_argument(
         "--kv-bytes-per-token",
         type=_bounded("--kv-bytes-per-token"),
@@ -143,7 +149,7 @@ def _profile(args: argparse.Namespace) -> DeviceProfile:
         profile = replace(profile, l2_cache_bytes=args.l2_mib * MiB)
     if args.race_jobs:
         profile = replace(profile, race_jobs=args.race_jobs)
-    if args.memory_gib:
+    if getattr(args, "memory_gib", None):
         profile = replace(profile, memory_bytes=args.memory_gib * GiB)
     return profile
 
@@ -184,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="cpu|cuda:N",
         help="cpu or cuda:N (default: cpu)",
     )
-    _add_profile_flags(startup)
+    _add_profile_flags(startup, memory=True, kv=True)
     startup.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     plan = commands.add_parser(
@@ -215,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
         "(default 0; a tensor with fewer dims is replicated)",
     )
     plan.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
-    _add_profile_flags(plan)
+    _add_profile_flags(plan, kv=True)
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     check = commands.add_parser(
