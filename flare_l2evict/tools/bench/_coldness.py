@@ -37,6 +37,7 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -375,10 +376,17 @@ def ncu_run(
         "--labels", str(labels), "--repeats", str(repeats),
         *(["--why"] if why else []),
     ]  # fmt: skip
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"metric": metric, "error": f"ncu timed out after {timeout:.0f} s"}
+    # Its own session, so that a timeout ends the profiled program too, not only ncu.
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            return {"metric": metric, "error": f"ncu timed out after {timeout:.0f} s"}
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     if done.returncode != 0 or not labels.is_file():
         tail = (done.stdout + done.stderr)[-1500:]
         if log.is_file():
@@ -492,13 +500,26 @@ def ncu_in_processes(
     repeats: int = 4,
     log: Callable[[str], None] = print,
     first: int = 1,
+    budget: float | None = None,
 ) -> list[dict[str, Any]]:
-    """One fresh process under ``ncu`` per (metric, number) in ``plan``, numbered from ``first``."""
-    results = []
+    """One fresh process under ``ncu`` per (metric, number) in ``plan``, numbered from ``first``.
+
+    Past ``budget`` seconds the rest are not started, and say so.
+    """
+    import time
+
+    began = time.monotonic()
+    results: list[dict[str, Any]] = []
     for metric, count in plan:
         for index in range(first - 1, first - 1 + count):
+            if budget is not None and time.monotonic() - began > budget:
+                results.append(
+                    {"metric": metric, "process": index + 1, "error": f"not run: past {budget} s"}
+                )
+                continue
             tag = f"{metric.split('.')[0].replace('__', '-')}-{index + 1}"
-            got = ncu_run(metric, out_dir, tag, why=why, repeats=repeats)
+            timeout = 240.0 if budget is None else max(30.0, budget - (time.monotonic() - began))
+            got = ncu_run(metric, out_dir, tag, why=why, repeats=repeats, timeout=timeout)
             got["process"] = index + 1
             results.append(got)
             log(f"coldness (ncu {metric}), fresh process {index + 1}/{count}: "

@@ -30,11 +30,15 @@ from ._probe import time_call
 
 MiB = 1 << 20
 _GIB = 1 << 30
-WINDOW_FACTORS = (0.5, 0.75, 1.0, 1.5, 3.0)  # besides the default (2.0 x L2 on an H200)
+WINDOW_FACTORS = (0.75, 1.0, 1.5)  # besides the default (2.0 x L2 on an H200)
 COLDNESS_METHOD = "spacer"
-"""How section 2 times the probe (see :mod:`._coldness`): the same tiny kernel
-between every condition and the probe."""
+"""How section 2 judges the timed probe (see :mod:`._coldness`): the same tiny
+kernel between every condition and the probe. ``"plain"`` (bench 0.3.0's
+method, the probe right after the condition) is measured beside it."""
+COLDNESS_METHODS = (COLDNESS_METHOD, "plain")
 COLDNESS_REFERENCE = "cold_1gib"
+NCU_PLAN = (("dram__bytes_read.sum", 3), ("lts__t_sector_hit_rate.pct", 1))
+NCU_BUDGET_S = 200.0
 
 
 def _stock_method(nbytes: int, device: torch.device) -> Callable[[], None]:
@@ -99,7 +103,8 @@ def _coldness_section(
     runs = _coldness.timed_in_processes(
         out_dir,
         processes,
-        methods=[COLDNESS_METHOD],
+        methods=COLDNESS_METHODS,
+        why=True,
         grid=WINDOW_FACTORS,
         repeats=repeats,
         repetitions=repetitions,
@@ -109,9 +114,7 @@ def _coldness_section(
     counted: list[dict[str, Any]] = []
     if _coldness.ncu_path() is not None:
         counted = _coldness.ncu_in_processes(
-            out_dir,
-            [("dram__bytes_read.sum", processes), ("lts__t_sector_hit_rate.pct", 1)],
-            log=log,
+            out_dir, NCU_PLAN, why=True, repeats=3, log=log, budget=NCU_BUDGET_S
         )
     return judge_coldness(runs, counted)
 
@@ -298,7 +301,7 @@ def run_bench(
     out_dir: Path,
     *,
     repetitions: int = 240,
-    rounds: int = 6,
+    rounds: int = 4,
     races: int = 36,
     repeats: int = 3,
     log: Any = print,
@@ -323,7 +326,7 @@ def run_bench(
     result["memory"] = {
         "stock": _allocated(lambda: measurement._l2_flush_fn(device, enabled=True), device)
     }
-    install(_choice_at(weights, window))
+    install(_choice_at(weights, window), kernel="triton")
     try:
         result["memory"]["plugin"] = _allocated(
             lambda: measurement._l2_flush_fn(device, enabled=True), device
@@ -360,7 +363,7 @@ def run_bench(
 
     # 6. Hook cost: the source choice (CPU), then the whole hook and Triton's own start,
     # each in fresh processes.
-    result["hook_cost"] = first_call_times()
+    result["hook_cost"] = first_call_times(processes=max(3, repeats))
     ordinal = device.index if device.index is not None else torch.cuda.current_device()
     result["hook_times"] = hook_times(f"cuda:{ordinal}", samples=max(3, repeats), log=log)
     result["triton_start"] = triton_start_times(samples=max(3, repeats), log=log)
@@ -545,5 +548,10 @@ def coldness_lines(coldness: dict[str, Any]) -> list[str]:
         f"2 coldness (timed; 0 warm, 1 = after {reference}): plugin as cold as stock at every "
         f"probe in {sum(held)} of {len(held)} fresh processes"
     )
-    lines += [f"2 {line}" for line in _coldness.ncu_lines(coldness["ncu"])]
+    raw = [r for r in coldness.get("timed_raw", []) if "error" not in r]
+    names = (*_coldness.CLAIM, *_coldness.WHY, *_coldness.REFERENCES)
+    for other in COLDNESS_METHODS:
+        if raw and other in raw[0]["methods"]:
+            lines += [f"2 why, timed: {line}" for line in _coldness.timed_lines(raw, other, names)]
+    lines += [f"2 {line}" for line in _coldness.ncu_lines(coldness["ncu"], names)]
     return lines
