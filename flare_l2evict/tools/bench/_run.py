@@ -38,7 +38,7 @@ method, the probe right after the condition) is measured beside it."""
 COLDNESS_METHODS = (COLDNESS_METHOD, "plain")
 COLDNESS_REFERENCE = "cold_1gib"
 NCU_PLAN = (("dram__bytes_read.sum", 3), ("lts__t_sector_hit_rate.pct", 1))
-NCU_BUDGET_S = 200.0
+NCU_BUDGET_S = 120.0
 
 
 def _stock_method(nbytes: int, device: torch.device) -> Callable[[], None]:
