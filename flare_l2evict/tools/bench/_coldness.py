@@ -400,10 +400,23 @@ def ncu_run(
             "metric": metric,
             "error": f"{len(values)} profiled launches for {len(order)} labels",
         }
-    return {
-        "metric": metric,
-        "rows": [{**o, "value": v} for o, v in zip(order, values, strict=True)],
-    }
+    rows = [{**o, "value": v} for o, v in zip(order, values, strict=True)]
+    write_table(out_dir / f"ncu-{tag}.tsv", metric, rows)
+    return {"metric": metric, "rows": rows}
+
+
+def write_table(path: Path, metric: str, rows: list[dict[str, Any]]) -> None:
+    """The launches ncu measured, one line each with its label: small enough to keep."""
+    lines = [
+        f"# {metric} of each profiled flare_probe launch, in launch order "
+        "(ncu --cache-control none --clock-control none --replay-mode application)",
+        f"launch\tprobe_x_L2\tprobe_bytes\tcondition_before_probe\t{metric}",
+    ]
+    lines += [
+        f"{i}\t{r['probe']}\t{r['probe_bytes']}\t{r['condition']}\t{r['value']:.10g}"
+        for i, r in enumerate(rows)
+    ]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def parse_ncu_csv(text: str, metric: str) -> list[float]:

@@ -4,7 +4,7 @@
   100k tensors (CPU), first call in a fresh process and the warm calls after it.
 * :func:`hook_times`: ``before_first_capture`` itself, wall time and the
   plugin's own per-step breakdown (``ReclaimReport.seconds`` where the plugin
-  reports it), in a fresh ``python -c`` per sample, for each combination of a
+  reports it), in a fresh interpreter per sample, for each combination of a
   host that has or has not already run a Triton kernel and an empty or a
   pre-filled ``TRITON_CACHE_DIR``.
 * :func:`triton_start_times`: what a process pays for Triton itself (``import
@@ -84,6 +84,7 @@ def first_call_times(processes: int = 5) -> list[dict[str, Any]]:
 
 
 # What a host does before the hook, then the hook, timed. argv: device, host_triton (0/1).
+# Run from a file, not ``-c``: Triton reads a kernel's source with inspect.getsource.
 _HOOK = """
 import json, sys, time
 began = time.perf_counter()
@@ -188,8 +189,10 @@ def hook_times(
 def _hook_sample(device: str, host_triton: bool, cache: Path, timeout: float) -> dict[str, Any]:
     cache.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
+    script = cache.parent / "hook_sample.py"
+    script.write_text(_HOOK)
     done = subprocess.run(
-        [sys.executable, "-c", _HOOK, device, str(int(host_triton))],
+        [sys.executable, str(script), device, str(int(host_triton))],
         capture_output=True,
         text=True,
         env=env,
@@ -213,7 +216,10 @@ import triton
 import triton.language as tl
 figures["import_triton"] = time.perf_counter() - t
 t = time.perf_counter()
-from triton.compiler.compiler import triton_key
+try:  # Triton 3.6 keeps it in triton.runtime.cache; older releases in triton.compiler.compiler
+    from triton.runtime.cache import triton_key
+except ImportError:
+    from triton.compiler.compiler import triton_key
 triton_key()
 figures["triton_key"] = time.perf_counter() - t
 
@@ -266,8 +272,10 @@ def triton_start_times(
 def _run_json(code: str, cache: Path, timeout: float) -> dict[str, Any]:
     cache.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
+    script = cache.parent / "triton_start.py"  # a file: Triton reads kernels' source
+    script.write_text(code)
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=timeout
     )
     if done.returncode != 0:
         return {"error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
