@@ -170,6 +170,8 @@ def test_summary_reports_every_process_and_the_limit(plugin_us: float, held: int
     assert ("triton as cold (+0.000, spread 0.040)" in timed) is (held == 1)
     assert "stock 1.000 [1.000-1.000]  triton 0.990 [0.990-0.990]  torch 0.970" in table
     assert "ncu exit 1: no counters" in table
+    assert "2 coldness (ncu; HBM bytes the probe re-reads / its size, 1 = none left in L2): " \
+        "plugin as cold as stock at every probe in 0 of 1 fresh processes" in table  # fmt: skip
     # Under the limit: 32.9 us against 29.5 + 3.7; over it: 38.9 against 29.5 + 4.5.
     assert "plugin (triton): 32.9 [32.9-32.9] us against floor + one launch" in table
     assert "under it in every repeat" in table and "over it in 3 of 3 repeats" in table
@@ -207,3 +209,16 @@ def test_hook_times_runs_the_real_hook_in_fresh_processes_on_a_cpu() -> None:
             assert math.isclose(sum(v for k, v in sample["seconds"].items() if k != "total"),
                                 sample["seconds"]["total"], rel_tol=0.2, abs_tol=0.005)  # fmt: skip
     assert "2 fresh processes" in hook_lines(rows)[0]
+
+
+def test_ncu_counts_equal_to_a_few_hundred_bytes_are_as_cold() -> None:
+    """Exact counts have no range; a difference below the launch's own traffic is no verdict."""
+    probe = 7_864_320
+    rows = [
+        {"probe": "0.125", "condition": c, "probe_bytes": probe, "value": v}
+        for c, v in (("stock", probe + 512.0), ("triton", probe + 0.0), ("torch", probe - 3840.0))
+    ]
+    got = [{"metric": "dram__bytes_read.sum", "process": 1, "rows": rows}]
+    assert _coldness.ncu_held(got) == [True]
+    rows[2]["value"] = probe * 0.99  # 1% of the probe left in L2: less cold
+    assert _coldness.ncu_held(got) == [False]

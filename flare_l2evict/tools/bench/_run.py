@@ -548,6 +548,13 @@ def coldness_lines(coldness: dict[str, Any]) -> list[str]:
         f"2 coldness (timed; 0 warm, 1 = after {reference}): plugin as cold as stock at every "
         f"probe in {sum(held)} of {len(held)} fresh processes"
     )
+    held_ncu = _coldness.ncu_held(coldness["ncu"])
+    if held_ncu:
+        lines.append(
+            f"2 coldness (ncu; HBM bytes the probe re-reads / its size, 1 = none left in L2): "
+            f"plugin as cold as stock at every probe in {sum(held_ncu)} of {len(held_ncu)} "
+            f"fresh processes"
+        )
     raw = [r for r in coldness.get("timed_raw", []) if "error" not in r]
     names = (*_coldness.CLAIM, *_coldness.WHY, *_coldness.REFERENCES)
     for other in COLDNESS_METHODS:
