@@ -185,11 +185,19 @@ def test_hook_lines_say_when_the_plugin_reports_no_steps() -> None:
         {
             "host_runs_triton": False,
             "triton_cache": "empty",
-            "samples": [{"hook_s": 0.5, "seconds": {}, "read_kernel": "torch"}],
+            "samples": [
+                {
+                    "hook_s": 0.5,
+                    "seconds": {},
+                    "read_kernel": "torch",
+                    "host_s": {"import_plugin": 0.25},
+                }
+            ],
         }
     ]
     (line,) = hook_lines(rows)
     assert "hook 500.0 [500.0-500.0] ms" in line and "the plugin reports none" in line
+    assert line.endswith("before the hook, importing the plugin took 250.0 [250.0-250.0] ms")
     assert triton_lines([{"triton_cache": "warm", "samples": [{"import_triton": 0.17}]}]) == [
         "Triton start, cache warm  (ms): import_triton 170.0 [170.0-170.0]"
     ]

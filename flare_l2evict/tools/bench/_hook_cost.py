@@ -317,6 +317,11 @@ def hook_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
             + (f"; steps: {shown}" if shown else "; steps: (the plugin reports none)")
             + (f"; reason: {' | '.join(reasons)[:200]}" if reasons else "")
         )
+        imports = [
+            s["host_s"]["import_plugin"] for s in good if "import_plugin" in s.get("host_s", {})
+        ]
+        if imports:  # paid when the host loads the entry point, before the hook
+            lines[-1] += f"; before the hook, importing the plugin took {_median(imports)} ms"
     return lines
 
 
