@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU suite, run on a CUDA machine from the repo root:
 #   bash scripts/gpu_suite.sh [--bench]
+# BENCH_ARGS adds flags to the bench (e.g. "--races 12" where device time is short).
 # Wheels for what the machine lacks (b12x, pydantic, this package for its entry
 # point) are expected under .whl/ (see scripts/gpu_wheels.sh). Logs and figures
 # go to $OUT (default /tmp/flare-l2evict-gpu). Prints a short table last.
@@ -16,7 +17,8 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, '| b12x', m.version('b12x'))" | tee -a "$OUT/gpu.txt"
 
-python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py tests/test_tp_nccl.py 2>&1 | tee "$OUT/gpu-tests.log"
+python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py tests/test_gpu_host.py \
+    tests/test_tp_nccl.py 2>&1 | tee "$OUT/gpu-tests.log"
 tests=${PIPESTATUS[0]}
 python3 -m flare_l2evict startup --device cuda:0 --plugin l2evict --profile h200 2>&1 | tee "$OUT/startup.log"
 startup=${PIPESTATUS[0]}
@@ -24,17 +26,21 @@ python3 -m flare_l2evict check --device cuda:0 --profile h200 2>&1 | tee "$OUT/c
 check=${PIPESTATUS[0]}
 bench=0
 if [[ " $* " == *" --bench "* ]]; then
-    python3 -m flare_l2evict bench --device cuda:0 --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+    python3 -m flare_l2evict bench --device cuda:0 --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 \
+        | tee "$OUT/bench.log"
     bench=${PIPESTATUS[0]}
 fi
 
 echo
 echo "== GPU suite: $(head -1 "$OUT/gpu.txt")"
 grep -E "^(probe after|eviction storage|race peak|stock |read kernel|kernel=)" "$OUT/gpu-tests.log" || true
+grep -oE "guard: .*" "$OUT/gpu-tests.log" || true
 grep -A 3 "over NCCL" "$OUT/gpu-tests.log" || true
 tail -1 "$OUT/gpu-tests.log"
 grep -E "^(L2 eviction storage|KV tokens|Race|l2evict audit)" "$OUT/startup.log" || true
 grep -E "^(stock buffer|verdict)" "$OUT/check.log" || true
-if [[ -f "$OUT/bench.log" ]]; then tail -n 18 "$OUT/bench.log"; fi
+# The bench's table: everything after its "full figures" line.
+if [[ -f "$OUT/bench.log" ]]; then sed -n '/^full figures/,$p' "$OUT/bench.log"; fi
 echo "exit codes: tests=$tests startup=$startup check=$check bench=$bench"
 exit $(( tests || startup || check || bench ))

@@ -1,8 +1,10 @@
 """On a real GPU: b12x's races read the weights, L2 is as cold, and the bytes are true.
 
-Marker ``gpu``: skipped without CUDA. Where the CuTe DSL is not installed,
-b12x's no-compilation guard is replaced by a no-op stand-in during the races
-(``cute_guard``); every other step is b12x's own code.
+Marker ``gpu``: skipped without CUDA. The races run under b12x's own
+no-compilation guard (``cute_guard``); where the CuTe DSL is not installed,
+only its CuTe compiler module is a stand-in that refuses every CuTe compile,
+and the Triton half of the guard is b12x's own (a test below shows it refusing
+a compile). Every other step is b12x's own code.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import flare_l2evict
 from flare_l2evict import WeightEviction, choose_source, install, stock_window_bytes
 from flare_l2evict._eviction import Kernel
 from flare_l2evict.tools.bench import Probe, compare
+from flare_l2evict.tools.bench._probe import spacer
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, example_tensors
 
 pytestmark = pytest.mark.gpu
@@ -57,13 +60,14 @@ def weights(device: torch.device) -> Iterator[torch.Tensor]:
 
 @pytest.fixture
 def cute_guard_stand_in() -> Iterator[bool]:
+    """b12x's real guard around the races; ``True`` where its CuTe module was stood in."""
     from flare_l2evict.tools.reference_host import cute_guard
 
     with cute_guard() as replaced:
         yield replaced
 
 
-def ours(weights: torch.Tensor, l2: int, kernel: Kernel = "auto") -> WeightEviction:
+def ours(weights: torch.Tensor, l2: int, kernel: Kernel = "triton") -> WeightEviction:
     choice = choose_source({"w": weights}, weights.device, stock_window_bytes(l2))
     return WeightEviction(choice, kernel=kernel)
 
@@ -71,10 +75,15 @@ def ours(weights: torch.Tensor, l2: int, kernel: Kernel = "auto") -> WeightEvict
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
-@pytest.mark.parametrize("kernel", ["auto", "torch"])
+@pytest.mark.parametrize("kernel", ["auto", "triton", "torch"])
 def test_read_kernel_is_triton_where_it_loads(l2, weights, kernel: Kernel) -> None:
+    """Triton where it loads; "auto" picks it only where this process already runs Triton."""
+    from flare_l2evict._eviction import triton_started
+
+    started = triton_started()
     plugin = ours(weights, l2, kernel)
-    expected = "triton" if kernel == "auto" and HAS_TRITON else "torch"
+    wanted = kernel == "triton" or (kernel == "auto" and started)
+    expected = "triton" if wanted and HAS_TRITON else "torch"
     print(f"kernel={kernel}: reads with {plugin.kernel} ({plugin.kernel_note or 'loaded'})")
     assert plugin.kernel == expected
 
@@ -87,7 +96,7 @@ weights = torch.ones(64 << 18, device=device)
 small = torch.empty(8193, device=device)  # a small-pool segment exists, as in any server
 torch.cuda.synchronize(device)
 before = torch.cuda.mem_get_info(device)[0]
-eviction = WeightEviction(choose_source({"w": weights}, device, 32 << 20))
+eviction = WeightEviction(choose_source({"w": weights}, device, 32 << 20), kernel="triton")
 torch.cuda.synchronize(device)
 print(json.dumps({"kernel": eviction.kernel, "taken": before - torch.cuda.mem_get_info(device)[0]}))
 """
@@ -120,6 +129,9 @@ def test_cold_l2_probe_matches_stock(device, measurement, l2, weights) -> None:
         repetitions=256,
         rounds=8,
         device=device,
+        # The same tiny kernel before every probe: the probe's time otherwise also moves with
+        # the kernel that ran just before it (BENCHMARKS.md, coldness), not only with L2.
+        between=spacer,
     )
     for name, t in times.items():
         print(f"probe after {name:>6}: median {t.median:7.2f} us, spread {t.spread:5.2f} us")
@@ -285,3 +297,91 @@ def test_weights_freed_after_startup_complete(device, l2, cute_guard_stand_in) -
     del tensors
     torch.cuda.synchronize(device)
     assert before - torch.cuda.memory_allocated(device) >= 512 * MiB
+
+
+_NEVER_COMPILED = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def never_compiled_{tag}(x):
+    tl.store(x + tl.arange(0, 16), tl.arange(0, 16).to(tl.float32) * {constant})
+"""
+
+_GUARD_PROBE = """
+import importlib, json, sys
+import torch
+from flare_l2evict.tools.reference_host import cute_guard
+from flare_l2evict.tools.reference_host._races import COMPILER_MODULE
+
+sys.path.insert(0, sys.argv[1])
+kernel = getattr(importlib.import_module(sys.argv[2]), sys.argv[2])
+measurement = importlib.import_module("b12x.preparation._measurement")
+out = torch.zeros(16, device="cuda:0")
+
+
+def launch_in_guard():
+    try:
+        with cute_guard() as stood_in, measurement.no_compilation():
+            module = sys.modules.get(COMPILER_MODULE)
+            kernel[(1,)](out)
+            torch.cuda.synchronize()
+    except RuntimeError as error:
+        return stood_in, module, str(error)
+    return stood_in, module, None
+
+
+stood_in, module, refused = launch_in_guard()
+after_guard = sys.modules.get(COMPILER_MODULE)
+ran_before = bool(out.any().item())
+kernel[(1,)](out)  # outside the guard it compiles, as any host would before its races
+torch.cuda.synchronize()
+_, _, refused_when_compiled = launch_in_guard()
+print(json.dumps({
+    "stood_in": stood_in,
+    "module_was_stand_in": getattr(module, "__flare_l2evict_stand_in__", False),
+    "restored": after_guard is None or not getattr(after_guard, "__flare_l2evict_stand_in__", 0),
+    "refused": refused,
+    "ran_before_refusal": ran_before,
+    "refused_when_compiled": refused_when_compiled,
+}))
+"""
+
+
+def test_guard_refuses_a_triton_kernel_never_compiled(tmp_path) -> None:
+    """The races' guard is live: a Triton kernel not compiled before is refused inside it.
+
+    Fresh process, fresh ``TRITON_CACHE_DIR`` and a kernel whose source has a
+    random constant, so it is in no cache; b12x's ``no_compilation()`` under
+    :func:`cute_guard` must refuse it, and must let it run once it is compiled.
+    """
+    pytest.importorskip("triton")
+    import os
+    import secrets
+
+    tag = secrets.token_hex(6)
+    name = f"never_compiled_{tag}"
+    (tmp_path / f"{name}.py").write_text(
+        _NEVER_COMPILED.format(tag=tag, constant=int(tag, 16) % 9973 + 1)
+    )
+    cache = tmp_path / "triton-cache"
+    cache.mkdir()
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
+    done = subprocess.run(
+        [sys.executable, "-c", _GUARD_PROBE, str(tmp_path), name],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"guard: CuTe compiler stood in: {got['stood_in']}; inside the guard a Triton kernel "
+          f"never compiled was refused: {got['refused']!r}; once compiled outside it ran inside "
+          f"(refused: {got['refused_when_compiled']!r})")  # fmt: skip
+    assert got["refused"] is not None and "no-compilation phase" in got["refused"]
+    assert not got["ran_before_refusal"]  # refused before launch, not after
+    assert got["refused_when_compiled"] is None
+    assert got["module_was_stand_in"] == got["stood_in"]
+    assert got["restored"]

@@ -2,8 +2,14 @@
 
 A probe of a few microseconds is smaller than a kernel launch's host cost, so
 each batch starts with ``torch.cuda._sleep``: the host queues every
-(prepare, start, probe, end) sequence while the GPU sleeps, and the GPU then
-runs them back to back. Events bracket the probe alone.
+(prepare, [between], start, probe, end) sequence while the GPU sleeps, and the
+GPU then runs them back to back. Events bracket the probe alone.
+
+``between`` is what makes conditions comparable: the same small kernel (see
+:func:`spacer`) runs after every condition and before the probe, so the probe
+never directly follows a kernel of the condition's own kind. Without it the
+probe's time also moves with the kernel that ran just before it (its code and
+tail), and not only with what L2 holds.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ from dataclasses import dataclass
 import torch
 
 _BATCH = 16
-_SLEEP_CYCLES = 20_000_000  # ~10 ms at H100/H200 clocks: longer than queueing a batch
+# ~3 ms at H100/H200 clocks: several times what queueing a batch takes on the host
+# (16 x four launches), so the GPU never waits for the host inside a batch.
+_SLEEP_CYCLES = 6_000_000
+_SPACER_CYCLES = 2_000  # ~1 us: long enough for the previous kernel to have drained
 
 
 @dataclass(frozen=True)
@@ -64,14 +73,20 @@ class Probe:
         torch.sum(self.buffer, dim=0, out=self.out)
 
 
+def spacer() -> None:
+    """One tiny kernel that touches no memory (a single thread spinning ~1 us)."""
+    torch.cuda._sleep(_SPACER_CYCLES)
+
+
 def time_after(
     prepare: Callable[[], None],
     probe: Callable[[], None],
     *,
     repetitions: int,
     device: torch.device,
+    between: Callable[[], None] | None = None,
 ) -> ProbeTimes:
-    """The probe's time right after ``prepare``, ``repetitions`` times."""
+    """The probe's time right after ``prepare`` (then ``between``), ``repetitions`` times."""
     stream = torch.cuda.current_stream(device)
     samples: list[float] = []
     probe()  # first-touch and launch caches out of the way
@@ -85,6 +100,8 @@ def time_after(
         torch.cuda._sleep(_SLEEP_CYCLES)
         for start, end in events:
             prepare()
+            if between is not None:
+                between()
             start.record(stream)
             probe()
             end.record(stream)
@@ -109,12 +126,21 @@ def compare(
     repetitions: int,
     rounds: int,
     device: torch.device,
+    between: Callable[[], None] | None = None,
 ) -> dict[str, ProbeTimes]:
-    """The probe after each condition, interleaved over ``rounds`` to share any drift."""
+    """The probe after each condition, interleaved over ``rounds`` to share any drift.
+
+    The order of the conditions rotates from round to round, so none is always
+    first after a synchronisation or always after the same neighbour.
+    """
     samples: dict[str, list[float]] = {name: [] for name in conditions}
     per_round = max(1, repetitions // rounds)
-    for _ in range(rounds):
-        for name, prepare in conditions.items():
-            timed = time_after(prepare, probe, repetitions=per_round, device=device)
+    names = list(conditions)
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            timed = time_after(
+                conditions[name], probe, repetitions=per_round, device=device, between=between
+            )
             samples[name].extend(timed.samples)
     return {name: ProbeTimes(tuple(values)) for name, values in samples.items()}

@@ -1,8 +1,11 @@
 """``flare-l2evict bench``: stock b12x eviction and the plugin's, side by side on one GPU.
 
-Sections (numbered as in BENCHMARKS.md): 1 memory per race job, 2 efficacy
-curve, 3 cost against the HBM floor, 4 race agreement, 5 right-sized window,
-6 hook cost (CPU), 7 start-up eviction cost. Figures only; nothing asserted.
+Sections (numbered as in BENCHMARKS.md): 1 memory per race job, 2 coldness
+(timed, and counted by Nsight Compute where it is installed; each in fresh
+processes, every process reported), 3 cost against the HBM floor plus one
+launch, 4 race agreement, 5 right-sized window, 6 hook cost (the source choice
+on the CPU; ``before_first_capture`` and Triton's own start in fresh
+processes), 7 start-up eviction cost. Figures only; nothing asserted.
 """
 
 from __future__ import annotations
@@ -17,17 +20,25 @@ from typing import Any
 
 import torch
 
-from ..._eviction import WeightEviction
+from ..._eviction import Kernel, WeightEviction
 from ..._install import install, restore
 from ..._source import SourceChoice, choose_source
 from ..._window import stock_window_bytes
-from ._hook_cost import first_call_times
-from ._probe import Probe, ProbeTimes, compare, time_call
+from . import _coldness
+from ._hook_cost import first_call_times, hook_lines, hook_times, triton_lines, triton_start_times
+from ._probe import time_call
 
 MiB = 1 << 20
 _GIB = 1 << 30
-WINDOW_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 3.0, 4.0)
-PROBE_FRACTIONS = (0.125, 0.5, 0.8)
+WINDOW_FACTORS = (0.75, 1.0, 1.5)  # besides the default (2.0 x L2 on an H200)
+COLDNESS_METHOD = "spacer"
+"""How section 2 judges the timed probe (see :mod:`._coldness`): the same tiny
+kernel between every condition and the probe. ``"plain"`` (bench 0.3.0's
+method, the probe right after the condition) is measured beside it."""
+COLDNESS_METHODS = (COLDNESS_METHOD, "plain")
+COLDNESS_REFERENCE = "cold_1gib"
+NCU_PLAN = (("dram__bytes_read.sum", 3), ("lts__t_sector_hit_rate.pct", 1))
+NCU_BUDGET_S = 120.0
 
 
 def _stock_method(nbytes: int, device: torch.device) -> Callable[[], None]:
@@ -45,8 +56,9 @@ def _choice_at(weights: torch.Tensor, nbytes: int) -> SourceChoice:
     return choose_source({"weights": weights}, weights.device, nbytes)
 
 
-def _plugin_at(weights: torch.Tensor, nbytes: int) -> WeightEviction:
-    return WeightEviction(_choice_at(weights, nbytes))
+def _plugin_at(weights: torch.Tensor, nbytes: int, kernel: Kernel = "triton") -> WeightEviction:
+    """The plugin's eviction with the read kernel named: the bench never leaves it to "auto"."""
+    return WeightEviction(_choice_at(weights, nbytes), kernel=kernel)
 
 
 def _allocated(make: Callable[[], Callable[[], None]], device: torch.device) -> dict[str, int]:
@@ -62,12 +74,6 @@ def _allocated(make: Callable[[], Callable[[], None]], device: torch.device) -> 
     return {"held_bytes": held, "peak_bytes": peak}
 
 
-def _normalized(t: ProbeTimes, warm: ProbeTimes, cold: ProbeTimes) -> float:
-    """Coldness: 0 = warm, 1 = cold after a 1 GiB read; trimmed means."""
-    span = cold.trimmed_mean - warm.trimmed_mean
-    return (t.trimmed_mean - warm.trimmed_mean) / span
-
-
 def _spread(values: list[float]) -> dict[str, Any]:
     """Median and range of one figure over the repeats of this run."""
     return {
@@ -79,75 +85,80 @@ def _spread(values: list[float]) -> dict[str, Any]:
     }
 
 
-def _efficacy(
-    device: torch.device,
-    l2: int,
-    weights: torch.Tensor,
-    factors: list[float],
+def _coldness_section(
+    out_dir: Path,
+    *,
+    processes: int,
+    repeats: int,
     repetitions: int,
     rounds: int,
-    repeats: int,
     log: Any,
 ) -> dict[str, Any]:
-    """Coldness per probe and window, ``repeats`` times, interleaved (repeat-major)."""
-    cold = _gib_read(device)
-    probes = {fraction: Probe(int(l2 * fraction) // 4 * 4, device) for fraction in PROBE_FRACTIONS}
-    evictions: dict[str, Callable[[], None]] = {}
-    for factor in factors:
-        nbytes = int(l2 * factor) // 4 * 4
-        evictions[f"stock@{factor}"] = _stock_method(nbytes, device)
-        evictions[f"plugin@{factor}"] = _plugin_at(weights, nbytes)
-    seen: dict[str, dict[str, list[float]]] = {str(f): {} for f in PROBE_FRACTIONS}
-    probe_us: dict[str, dict[str, list[float]]] = {
-        str(f): {"warm": [], "cold": []} for f in PROBE_FRACTIONS
-    }
-    for repeat in range(repeats):
-        for fraction, probe in probes.items():
-            conditions: dict[str, Callable[[], None]] = {"warm": probe, "cold": cold, **evictions}
-            times = compare(
-                conditions, probe, repetitions=repetitions, rounds=rounds, device=device
-            )
-            warm, hot = times["warm"], times["cold"]
-            probe_us[str(fraction)]["warm"].append(warm.trimmed_mean)
-            probe_us[str(fraction)]["cold"].append(hot.trimmed_mean)
-            for name in evictions:
-                seen[str(fraction)].setdefault(name, []).append(_normalized(times[name], warm, hot))
-        log(f"efficacy repeat {repeat + 1}/{repeats} done")
-    curves: dict[str, Any] = {}
-    for fraction in PROBE_FRACTIONS:
-        rows = {}
-        for factor in factors:
-            stock = _spread(seen[str(fraction)][f"stock@{factor}"])
-            plugin = _spread(seen[str(fraction)][f"plugin@{factor}"])
-            spread = max(stock["range"], plugin["range"])
-            rows[str(factor)] = {
-                "stock": stock,
-                "plugin": plugin,
-                "spread": spread,
-                # Colder than stock is fine: the question is only whether it is less cold.
-                "within_spread": plugin["median"] >= stock["median"] - spread,
+    """Section 2: coldness in ``processes`` fresh processes, timed; then counted by ncu.
+
+    Every process is kept and judged on its own: stock, the plugin's Triton read
+    and its torch read, interleaved, at the default window (and stock and the
+    Triton read at :data:`WINDOW_FACTORS` for section 5).
+    """
+    runs = _coldness.timed_in_processes(
+        out_dir,
+        processes,
+        methods=COLDNESS_METHODS,
+        why=True,
+        grid=WINDOW_FACTORS,
+        repeats=repeats,
+        repetitions=repetitions,
+        rounds=rounds,
+        log=log,
+    )
+    counted: list[dict[str, Any]] = []
+    if _coldness.ncu_path() is not None:
+        counted = _coldness.ncu_in_processes(
+            out_dir, NCU_PLAN, why=True, repeats=3, log=log, budget=NCU_BUDGET_S
+        )
+    return judge_coldness(runs, counted)
+
+
+def judge_coldness(runs: list[dict[str, Any]], counted: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each timed process judged on its own (its spread is its repeats' range); ncu kept as is."""
+    timed = []
+    for run in runs:
+        if "error" in run:
+            timed.append({"error": run["error"]})
+            continue
+        rows = _coldness.timed_coldness(run, COLDNESS_METHOD, COLDNESS_REFERENCE)
+        timed.append(
+            {
+                "pid": run["pid"],
+                "probes": rows,
+                "verdicts": {
+                    fraction: {
+                        kernel: _coldness.verdict(probe["stock"], probe[kernel])
+                        for kernel in ("triton", "torch")
+                    }
+                    for fraction, probe in rows.items()
+                },
             }
-        curves[str(fraction)] = {
-            "probe_bytes": probes[fraction].nbytes,
-            "warm_us": _spread(probe_us[str(fraction)]["warm"]),
-            "cold_us": _spread(probe_us[str(fraction)]["cold"]),
-            "windows": rows,
-        }
-    del evictions
-    torch.cuda.empty_cache()
-    return curves
+        )
+    return {
+        "method": COLDNESS_METHOD,
+        "reference": COLDNESS_REFERENCE,
+        "timed": timed,
+        "timed_raw": runs,
+        "ncu": counted,
+    }
 
 
-def _calibrated_factor(
-    curves: dict[str, Any], factors: list[float], default: float
-) -> float | None:
-    """Smallest window as cold as stock's default, within the spread, for every probe."""
-    for factor in factors:
+def _calibrated_factor(coldness: dict[str, Any]) -> float | None:
+    """Smallest window whose Triton read is as cold as stock's default, in every process."""
+    good = [t for t in coldness["timed"] if "error" not in t]
+    if not good:
+        return None
+    for factor in sorted(WINDOW_FACTORS):
         if all(
-            c["windows"][str(factor)]["plugin"]["median"]
-            >= c["windows"][str(default)]["stock"]["median"]
-            - max(c["windows"][str(factor)]["spread"], c["windows"][str(default)]["spread"])
-            for c in curves.values()
+            _coldness.verdict(probe["stock"], probe[f"triton@{factor}"])["as_cold"]
+            for run in good
+            for probe in run["probes"].values()
         ):
             return factor
     return None
@@ -187,7 +198,7 @@ def _races(
                 latencies: dict[str, tuple[float, ...]] = {}
                 for way in order:
                     if way == "plugin":
-                        install(_choice_at(weights, window))
+                        install(_choice_at(weights, window), kernel="triton")
                     try:
                         eviction = no_eviction if way == "none" else None  # None: b12x's lookup
                         latencies[way] = run_race(calls, device, eviction).latencies_us
@@ -235,15 +246,21 @@ def _winner(latencies: tuple[float, ...]) -> int:
 
 
 def _cost(device: torch.device, weights: torch.Tensor, window: int, repeats: int) -> dict[str, Any]:
-    """Time per eviction at the stock window against the HBM floor, ``repeats`` times."""
+    """Time per eviction at the stock window against its physical limit, ``repeats`` times.
+
+    The limit is the HBM floor (the window at the 1 GiB read's bandwidth, both
+    measured here) plus what one launch of the same kernel costs to start and
+    drain (measured over 1 MiB, which stays in L2 and so takes no HBM time).
+    """
     read = _gib_read(device)
-    plugin = _plugin_at(weights, window)
     methods: dict[str, Callable[[], None]] = {
         "stock": _stock_method(window, device),
-        "plugin": plugin,
-        "plugin_torch": WeightEviction(_choice_at(weights, window), kernel="torch"),
+        "plugin": _plugin_at(weights, window, "triton"),
+        "plugin_torch": _plugin_at(weights, window, "torch"),
         # 1 MiB stays in L2: what one launch costs to start and drain, whatever it reads.
-        "plugin_1mib": _plugin_at(weights, MiB),
+        "plugin_1mib": _plugin_at(weights, MiB, "triton"),
+        "plugin_torch_1mib": _plugin_at(weights, MiB, "torch"),
+        "stock_1mib": _stock_method(MiB, device),
     }
     figures: dict[str, list[float]] = {name: [] for name in ("floor", *methods)}
     bandwidths = []
@@ -257,13 +274,25 @@ def _cost(device: torch.device, weights: torch.Tensor, window: int, repeats: int
         name: _spread([t / f for t, f in zip(figures[name], figures["floor"], strict=True)])
         for name in ("stock", "plugin", "plugin_torch")
     }
+    # Each way against the floor plus one launch of its own kernel, repeat by repeat.
+    limits = {"stock": "stock_1mib", "plugin": "plugin_1mib", "plugin_torch": "plugin_torch_1mib"}
+    over_limit = {}
+    for name, launch in limits.items():
+        limit = [f + one for f, one in zip(figures["floor"], figures[launch], strict=True)]
+        excess = [t - lim for t, lim in zip(figures[name], limit, strict=True)]
+        over_limit[name] = {
+            "limit_us": _spread(limit),
+            "excess_us": _spread(excess),
+            "under": max(excess) <= 0,
+        }
     del methods
     torch.cuda.empty_cache()
     return {
-        "plugin_kernel": plugin.kernel,
+        "plugin_kernel": "triton",
         "hbm_read_bytes_per_s": statistics.median(bandwidths),
         "us": {name: _spread(values) for name, values in figures.items()},
         "over_floor": over,
+        "over_floor_plus_launch": over_limit,
     }
 
 
@@ -272,7 +301,7 @@ def run_bench(
     out_dir: Path,
     *,
     repetitions: int = 240,
-    rounds: int = 6,
+    rounds: int = 4,
     races: int = 36,
     repeats: int = 3,
     log: Any = print,
@@ -297,7 +326,7 @@ def run_bench(
     result["memory"] = {
         "stock": _allocated(lambda: measurement._l2_flush_fn(device, enabled=True), device)
     }
-    install(_choice_at(weights, window))
+    install(_choice_at(weights, window), kernel="triton")
     try:
         result["memory"]["plugin"] = _allocated(
             lambda: measurement._l2_flush_fn(device, enabled=True), device
@@ -309,13 +338,12 @@ def run_bench(
     result["cost"] = _cost(device, weights, window, repeats)
     log("cost done")
 
-    # 2 and 5. Efficacy curves; the smallest window that evicts as well as stock.
-    default = round(window / l2, 4)
-    factors = sorted({*WINDOW_FACTORS, default})
-    curves = _efficacy(device, l2, weights, factors, repetitions, rounds, repeats, log)
-    result["efficacy"] = curves
-    result["default_factor"] = default
-    factor = _calibrated_factor(curves, factors, default)
+    # 2 and 5. Coldness in fresh processes (timed, then counted by ncu); right-sized window.
+    result["coldness"] = _coldness_section(
+        out_dir, processes=max(3, repeats), repeats=repeats, repetitions=repetitions,
+        rounds=rounds, log=log,
+    )  # fmt: skip
+    factor = _calibrated_factor(result["coldness"])
     result["calibrated"] = {
         "factor": factor,
         "window_bytes": None if factor is None else int(l2 * factor) // 4 * 4,
@@ -333,12 +361,16 @@ def run_bench(
         "plugin": calls * us["plugin"]["median"] / 1e3,
     }
 
-    # 6. Hook cost on the CPU: first call in fresh processes, and warm.
-    result["hook_cost"] = first_call_times()
+    # 6. Hook cost: the source choice (CPU), then the whole hook and Triton's own start,
+    # each in fresh processes.
+    result["hook_cost"] = first_call_times(processes=max(3, repeats))
+    ordinal = device.index if device.index is not None else torch.cuda.current_device()
+    result["hook_times"] = hook_times(f"cuda:{ordinal}", samples=max(3, repeats), log=log)
+    result["triton_start"] = triton_start_times(samples=max(3, repeats), log=log)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.json").write_text(json.dumps(result, indent=2, default=str))
-    result["plot"] = _plot(curves, l2, default, out_dir / "efficacy.png")
+    result["plot"] = _plot(result["coldness"], l2, window / l2, out_dir / "efficacy.png")
     return result
 
 
@@ -361,7 +393,8 @@ def _has_dist(name: str) -> bool:
     return True
 
 
-def _plot(curves: dict[str, Any], l2: int, default: float, path: Path) -> str | None:
+def _plot(coldness: dict[str, Any], l2: int, default: float, path: Path) -> str | None:
+    """Timed coldness over window size: median of the processes' medians, band = their range."""
     try:
         import matplotlib
 
@@ -369,18 +402,35 @@ def _plot(curves: dict[str, Any], l2: int, default: float, path: Path) -> str | 
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    good = [t for t in coldness["timed"] if "error" not in t]
+    if not good:
+        return None
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    for (fraction, curve), color in zip(curves.items(), ("C0", "C1", "C2"), strict=False):
-        factors = [float(f) for f in curve["windows"]]
-        for way, style in (("stock", "--o"), ("plugin", "-s")):
-            medians = [w[way]["median"] for w in curve["windows"].values()]
-            low = [w[way]["min"] for w in curve["windows"].values()]
-            high = [w[way]["max"] for w in curve["windows"].values()]
-            axis.plot(factors, medians, style, color=color, label=f"{way}, probe {fraction} x L2")
-            axis.fill_between(factors, low, high, color=color, alpha=0.12)
+    fractions = list(good[0]["probes"])
+    factors = sorted({*WINDOW_FACTORS, default})
+    for fraction, color in zip(fractions, ("C0", "C1", "C2"), strict=False):
+        for way, style in (("stock", "--o"), ("triton", "-s")):
+            per_factor = [
+                [
+                    run["probes"][fraction][way if f == default else f"{way}@{f}"]["median"]
+                    for run in good
+                ]
+                for f in factors
+            ]
+            axis.plot(
+                factors,
+                [statistics.median(v) for v in per_factor],
+                style,
+                color=color,
+                label=f"{'stock' if way == 'stock' else 'plugin (triton)'}, probe {fraction} x L2",
+            )
+            axis.fill_between(
+                factors, [min(v) for v in per_factor], [max(v) for v in per_factor],
+                color=color, alpha=0.12,
+            )  # fmt: skip
     axis.axvline(default, color="grey", linewidth=0.8)
     axis.set_xlabel(f"eviction window (x L2 = {l2 / MiB:.0f} MiB); grey: stock default")
-    axis.set_ylabel("probe coldness (0 warm, 1 after 1 GiB read); band: range of repeats")
+    axis.set_ylabel("probe coldness (0 warm, 1 after 1 GiB read); band: range of processes")
     axis.legend(fontsize=7)
     axis.grid(alpha=0.3)
     figure.tight_layout()
@@ -395,7 +445,6 @@ def _shown(figure: dict[str, Any], digits: int = 3) -> str:
 def summary_table(result: dict[str, Any]) -> str:
     """The short table printed last: medians with [min-max] over the run's repeats."""
     mem, cost, races = result["memory"], result["cost"], result["races"]
-    default = str(result["default_factor"])
     repeats = result["repeats"]
     lines = [
         f"bench: {result['gpu']}, L2 {result['l2_bytes'] / MiB:.0f} MiB, torch {result['torch']}, "
@@ -404,15 +453,7 @@ def summary_table(result: dict[str, Any]) -> str:
         f"{mem['stock']['peak_bytes']:,}  plugin {mem['plugin']['held_bytes']:,}/"
         f"{mem['plugin']['peak_bytes']:,}",
     ]
-    for fraction, curve in result["efficacy"].items():
-        at = curve["windows"][default]
-        inside = sum(w["within_spread"] for w in curve["windows"].values())
-        lines.append(
-            f"2 coldness, probe {fraction} x L2, default window: stock {_shown(at['stock'])} "
-            f"plugin {_shown(at['plugin'])}: "
-            f"{'as cold within' if at['within_spread'] else 'LESS COLD beyond'} the spread "
-            f"({at['spread']:.3f}); windows as cold: {inside}/{len(curve['windows'])}"
-        )
+    lines += coldness_lines(result["coldness"])
     us, over = cost["us"], cost["over_floor"]
     lines.append(
         f"3 eviction per sample (us): floor {_shown(us['floor'], 1)} "
@@ -423,12 +464,26 @@ def summary_table(result: dict[str, Any]) -> str:
     lines.append(
         f"3 over floor: stock {_shown(over['stock'], 2)}, plugin {_shown(over['plugin'], 2)}, "
         f"plugin (torch) {_shown(over['plugin_torch'], 2)}"
-        + (
-            f"; one launch reading 1 MiB (start + drain) {_shown(us['plugin_1mib'], 1)} us"
-            if "plugin_1mib" in us
-            else ""
-        )
     )
+    limit = cost.get("over_floor_plus_launch", {})
+    launches = {"stock": "stock_1mib", "plugin": "plugin_1mib", "plugin_torch": "plugin_torch_1mib"}
+    for name, shown_name in (("plugin", "plugin (triton)"), ("plugin_torch", "plugin (torch)"),
+                             ("stock", "stock")):  # fmt: skip
+        if name not in limit:
+            continue
+        figure = limit[name]
+        excess = figure["excess_us"]
+        where = (
+            "under it in every repeat"
+            if figure["under"]
+            else f"over it in {sum(e > 0 for e in excess['values'])} of "
+            f"{len(excess['values'])} repeats"
+        )
+        lines.append(
+            f"3 {shown_name}: {_shown(us[name], 1)} us against floor + one launch of its kernel "
+            f"{_shown(figure['limit_us'], 1)} us (one launch over 1 MiB "
+            f"{_shown(us[launches[name]], 1)} us): excess {_shown(excess, 1)} us, {where}"
+        )
     count = len(races["races"])
     names = {"plugin": "plugin", "stock_b": "stock re-run", "none": "no eviction"}
     for way, figures in races["summary"].items():
@@ -454,9 +509,56 @@ def summary_table(result: dict[str, Any]) -> str:
             f"{row['first_median_ms']:.1f} ms [{min(row['first_ms']):.1f}-"
             f"{max(row['first_ms']):.1f}] in fresh processes, warm {row['warm_median_ms']:.1f} ms"
         )
+    lines += [f"6 hook {line}" for line in hook_lines(result.get("hook_times", []))]
+    lines += [f"6 {line}" for line in triton_lines(result.get("triton_start", []))]
     startup = result["startup_cost_ms"]
     lines.append(
         f"7 start-up eviction time over {startup['evictions']:,} evictions: "
         f"stock {startup['stock']:.1f} ms, plugin {startup['plugin']:.1f} ms"
     )
     return "\n".join(lines)
+
+
+def coldness_lines(coldness: dict[str, Any]) -> list[str]:
+    """Section 2's lines: each process's verdict per probe (timed), then ncu's counts."""
+    lines = []
+    method, reference = coldness["method"], coldness["reference"]
+    for index, run in enumerate(coldness["timed"], 1):
+        if "error" in run:
+            lines.append(f"2 coldness (timed) process {index}: {run['error'][:300]}")
+            continue
+        for fraction, probe in run["probes"].items():
+            verdicts = run["verdicts"][fraction]
+            judged = ", ".join(
+                f"{k} {'as cold' if v['as_cold'] else 'LESS COLD'} ({v['difference']:+.3f}, "
+                f"spread {v['spread']:.3f})"
+                for k, v in verdicts.items()
+            )
+            lines.append(
+                f"2 coldness (timed, {method}) process {index}, probe {fraction} x L2: "
+                f"stock {_shown(probe['stock'])} triton {_shown(probe['triton'])} "
+                f"torch {_shown(probe['torch'])}; {judged}"
+            )
+    held = [
+        all(v["as_cold"] for f in run["verdicts"].values() for v in f.values())
+        for run in coldness["timed"]
+        if "error" not in run
+    ]
+    lines.append(
+        f"2 coldness (timed; 0 warm, 1 = after {reference}): plugin as cold as stock at every "
+        f"probe in {sum(held)} of {len(held)} fresh processes"
+    )
+    held_ncu = _coldness.ncu_held(coldness["ncu"])
+    if held_ncu:
+        lines.append(
+            f"2 coldness (ncu; HBM bytes the probe re-reads / its size, 1 = none left in L2): "
+            f"plugin as cold as stock at every probe in {sum(held_ncu)} of {len(held_ncu)} "
+            f"fresh processes"
+        )
+    raw = [r for r in coldness.get("timed_raw", []) if "error" not in r]
+    names = (*_coldness.CLAIM, *_coldness.WHY, *_coldness.REFERENCES)
+    for other in COLDNESS_METHODS:
+        if raw and other in raw[0]["methods"]:
+            lines += [f"2 why, timed: {line}" for line in _coldness.timed_lines(raw, other, names)]
+    lines += [f"2 {line}" for line in _coldness.ncu_lines(coldness["ncu"], names)]
+    return lines

@@ -1,0 +1,232 @@
+"""The bench's arithmetic and tables, on a CPU, from made-up raw figures.
+
+The GPU measures; what is judged from the measurements (coldness normalised
+per repeat, the verdict against the spread, ncu's CSV, the tables) is plain
+Python and is checked here with figures whose answers are known.
+"""
+
+# ruff: noqa: E501  (ncu's CSV lines, kept as ncu writes them)
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from flare_l2evict.tools.bench import _coldness
+from flare_l2evict.tools.bench._hook_cost import hook_lines, hook_times, triton_lines
+from flare_l2evict.tools.bench._run import judge_coldness, summary_table
+
+NCU_CSV = """==PROF== Connected to process 4242 (/usr/bin/python3.12)
+==PROF== Profiling "flare_probe": 0%....50%....100% - 1 pass
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","dram__bytes_read.sum"
+"","","","","","","","","","","","byte"
+"0","4242","python3.12","127.0.0.1","flare_probe","1","7","(256, 1, 1)","(960, 1, 1)","0","9.0","7,864,320"
+"1","4242","python3.12","127.0.0.1","flare_probe","1","7","(256, 1, 1)","(960, 1, 1)","0","9.0","1,024"
+==PROF== Disconnected from process 4242
+"""
+
+
+def test_ncu_csv_values_in_launch_order() -> None:
+    assert _coldness.parse_ncu_csv(NCU_CSV, "dram__bytes_read.sum") == [7_864_320.0, 1_024.0]
+    assert _coldness.parse_ncu_csv(NCU_CSV, "lts__t_sector_hit_rate.pct") == []
+
+
+def test_ncu_csv_scaled_units_are_honoured() -> None:
+    text = NCU_CSV.replace('"byte"', '"Kbyte"').replace('"7,864,320"', '"7,864.32"')
+    assert _coldness.parse_ncu_csv(text, "dram__bytes_read.sum")[0] == pytest.approx(7_864_320)
+
+
+def test_physical_coldness_is_hbm_bytes_over_probe_bytes() -> None:
+    rows = [
+        {"probe": "0.125", "condition": "stock", "probe_bytes": 1000, "value": 990.0},
+        {"probe": "0.125", "condition": "warm", "probe_bytes": 1000, "value": 10.0},
+        {"probe": "0.125", "condition": "stock", "probe_bytes": 1000, "value": 1000.0},
+    ]
+    assert _coldness.physical(rows, "dram__bytes_read.sum") == {
+        "0.125": {"stock": [0.99, 1.0], "warm": [0.01]}
+    }
+    hits = [{**rows[0], "value": 3.5}]
+    assert _coldness.physical(hits, "lts__t_sector_hit_rate.pct")["0.125"]["stock"] == [3.5]
+
+
+def timed_run(plugin_us: float) -> dict[str, Any]:
+    """One process's raw figures: warm 10 us, reference 12 us, stock 12 us, three repeats."""
+    us = {
+        "warm": [10.0, 10.0, 10.0],
+        "cold_1gib": [12.0, 12.0, 12.0],
+        "stock": [12.0, 11.96, 12.04],
+        "triton": [plugin_us] * 3,
+        "torch": [12.0, 12.0, 12.0],
+    }
+    for factor in (0.5, 0.75, 1.0, 1.5, 3.0):
+        us[f"stock@{factor}"] = [12.0] * 3
+        us[f"triton@{factor}"] = [11.0 if factor < 1 else 12.0] * 3
+    return {"pid": 1, "methods": {"spacer": {"0.125": {"probe_bytes": 4, "us": us}}}}
+
+
+def test_coldness_is_normalised_per_repeat_and_judged_against_the_spread() -> None:
+    rows = _coldness.timed_coldness(timed_run(11.9), "spacer")["0.125"]
+    assert rows["warm"]["median"] == 0 and rows["cold_1gib"]["median"] == 1
+    assert rows["stock"]["values"] == pytest.approx([1.0, 0.98, 1.02])
+    assert rows["triton"]["median"] == pytest.approx(0.95)
+    judged = _coldness.verdict(rows["stock"], rows["triton"])
+    assert judged["spread"] == pytest.approx(0.04)
+    assert judged["as_cold"] is False  # 0.95 < 1.0 - 0.04
+    assert _coldness.verdict(rows["stock"], rows["torch"])["as_cold"] is True
+
+
+def result_for(plugin_us: float) -> dict[str, Any]:
+    def spread(values: list[float]) -> dict[str, Any]:
+        return {"values": values, **_coldness.spread(values)}
+
+    runs = [timed_run(plugin_us), {"error": "exit 1: a process that failed is shown, not hidden"}]
+    ncu = [
+        {
+            "metric": "dram__bytes_read.sum",
+            "process": 1,
+            "rows": [
+                {"probe": "0.125", "condition": c, "probe_bytes": 100, "value": v}
+                for c, v in (("warm", 1.0), ("stock", 100.0), ("triton", 99.0), ("torch", 97.0))
+            ],
+        },
+        {"metric": "lts__t_sector_hit_rate.pct", "process": 1, "error": "ncu exit 1: no counters"},
+    ]
+    us = {
+        name: spread(values)
+        for name, values in {
+            "floor": [29.5, 29.4, 29.5],
+            "stock": [38.9] * 3,
+            "plugin": [32.9] * 3,
+            "plugin_torch": [35.8] * 3,
+            "plugin_1mib": [3.7] * 3,
+            "plugin_torch_1mib": [4.0] * 3,
+            "stock_1mib": [4.5] * 3,
+        }.items()
+    }
+    limit = {
+        name: {
+            "limit_us": spread([29.5 + one] * 3),
+            "excess_us": spread([us[name]["median"] - 29.5 - one] * 3),
+            "under": us[name]["median"] - 29.5 - one <= 0,
+        }
+        for name, one in (("stock", 4.5), ("plugin", 3.7), ("plugin_torch", 4.0))
+    }
+    races = {"plugin": 36, "stock_b": 36, "none": 18}
+    return {
+        "gpu": "NVIDIA H200",
+        "l2_bytes": 60 << 20,
+        "torch": "2.11.0",
+        "b12x": "1.5.1",
+        "repeats": 3,
+        "memory": {
+            "stock": {"held_bytes": 125_829_632, "peak_bytes": 125_832_704},
+            "plugin": {"held_bytes": 0, "peak_bytes": 0},
+        },
+        "cost": {
+            "plugin_kernel": "triton",
+            "hbm_read_bytes_per_s": 4.27e12,
+            "us": us,
+            "over_floor": {n: spread([us[n]["median"] / 29.5] * 3) for n in limit},
+            "over_floor_plus_launch": limit,
+        },
+        "coldness": judge_coldness(runs, ncu),
+        "calibrated": {"factor": 1.0, "window_bytes": 60 << 20},
+        "races": {
+            "races": [{}] * 36,
+            "summary": {
+                way: {
+                    "agree_with_stock_per_repeat": [agree] * 3,
+                    "mean_regret": 0.0,
+                    "max_regret": 0.0,
+                    "mean_best_latency_ratio": 1.0,
+                    "min_best_latency_ratio": 1.0,
+                }
+                for way, agree in races.items()
+            },
+        },
+        "hook_cost": [],
+        "hook_times": [
+            {
+                "host_runs_triton": True,
+                "triton_cache": "warm",
+                "samples": [
+                    {"hook_s": 0.12, "seconds": {"seam": 0.05, "total": 0.11}, "read_kernel": "t"}
+                ],
+            }
+        ],
+        "triton_start": [{"triton_cache": "empty", "samples": [{"error": "exit 1: no GPU"}]}],
+        "startup_cost_ms": {"evictions": 5189, "stock": 201.9, "plugin": 170.7},
+    }
+
+
+@pytest.mark.parametrize(("plugin_us", "held"), [(11.9, 0), (12.0, 1)])
+def test_summary_reports_every_process_and_the_limit(plugin_us: float, held: int) -> None:
+    table = summary_table(result_for(plugin_us))
+    assert f"at every probe in {held} of 1 fresh processes" in table
+    assert "process 2: exit 1: a process that failed is shown" in table
+    timed = next(line for line in table.splitlines() if "(timed, spacer) process 1" in line)
+    assert ("triton LESS COLD (-0.050, spread 0.040)" in timed) is (held == 0)
+    assert ("triton as cold (+0.000, spread 0.040)" in timed) is (held == 1)
+    assert "stock 1.000 [1.000-1.000]  triton 0.990 [0.990-0.990]  torch 0.970" in table
+    assert "ncu exit 1: no counters" in table
+    assert "2 coldness (ncu; HBM bytes the probe re-reads / its size, 1 = none left in L2): " \
+        "plugin as cold as stock at every probe in 0 of 1 fresh processes" in table  # fmt: skip
+    # Under the limit: 32.9 us against 29.5 + 3.7; over it: 38.9 against 29.5 + 4.5.
+    assert "plugin (triton): 32.9 [32.9-32.9] us against floor + one launch" in table
+    assert "under it in every repeat" in table and "over it in 3 of 3 repeats" in table
+    assert "6 hook host runs Triton, cache warm : hook 120.0 [120.0-120.0] ms" in table
+    assert "seam 50.0 [50.0-50.0]" in table
+    assert "6 cache empty: exit 1: no GPU" in table
+
+
+def test_hook_lines_say_when_the_plugin_reports_no_steps() -> None:
+    rows = [
+        {
+            "host_runs_triton": False,
+            "triton_cache": "empty",
+            "samples": [
+                {
+                    "hook_s": 0.5,
+                    "seconds": {},
+                    "read_kernel": "torch",
+                    "host_s": {"import_plugin": 0.25},
+                }
+            ],
+        }
+    ]
+    (line,) = hook_lines(rows)
+    assert "hook 500.0 [500.0-500.0] ms" in line and "the plugin reports none" in line
+    assert line.endswith("before the hook, importing the plugin took 250.0 [250.0-250.0] ms")
+    assert triton_lines([{"triton_cache": "warm", "samples": [{"import_triton": 0.17}]}]) == [
+        "Triton start, cache warm  (ms): import_triton 170.0 [170.0-170.0]"
+    ]
+
+
+def test_hook_times_runs_the_real_hook_in_fresh_processes_on_a_cpu() -> None:
+    """The harness end to end on a CPU: a real start-up, its report's steps, every sample kept."""
+    pytest.importorskip("b12x.preparation._measurement")
+    rows = hook_times("cpu", samples=2, modes=[(False, "empty")], log=lambda _line: None)
+    (row,) = rows
+    assert len(row["samples"]) == 2
+    for sample in row["samples"]:
+        assert "error" not in sample, sample
+        assert sample["reclaimed_bytes"] > 0 and sample["read_kernel"] == "torch"
+        assert 0 < sample["hook_s"] < 60 and not sample["triton_imported_after_hook"]
+        if sample["seconds"]:  # the plugin's own breakdown, where it reports one
+            assert math.isclose(sum(v for k, v in sample["seconds"].items() if k != "total"),
+                                sample["seconds"]["total"], rel_tol=0.2, abs_tol=0.005)  # fmt: skip
+    assert "2 fresh processes" in hook_lines(rows)[0]
+
+
+def test_ncu_counts_equal_to_a_few_hundred_bytes_are_as_cold() -> None:
+    """Exact counts have no range; a difference below the launch's own traffic is no verdict."""
+    probe = 7_864_320
+    rows = [
+        {"probe": "0.125", "condition": c, "probe_bytes": probe, "value": v}
+        for c, v in (("stock", probe + 512.0), ("triton", probe + 0.0), ("torch", probe - 3840.0))
+    ]
+    got = [{"metric": "dram__bytes_read.sum", "process": 1, "rows": rows}]
+    assert _coldness.ncu_held(got) == [True]
+    rows[2]["value"] = probe * 0.99  # 1% of the probe left in L2: less cold
+    assert _coldness.ncu_held(got) == [False]
