@@ -14,6 +14,7 @@ import torch
 from figures import OWN, MiB
 
 import flare_l2evict
+import flare_l2evict._eviction
 from flare_l2evict import EvictionHandle, plugin
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
@@ -68,11 +69,17 @@ def run_triton_once(device: torch.device) -> None:
 
 @pytest.mark.parametrize("host_runs_triton", [False, True], ids=["torch-read", "triton-read"])
 def test_a_host_under_inference_mode_races_outside_it(
-    device: torch.device, measurement: object, host_runs_triton: bool
+    device: torch.device,
+    measurement: object,
+    host_runs_triton: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     if host_runs_triton:
         pytest.importorskip("triton")
         run_triton_once(device)
+    else:
+        # A host that runs no Triton; this pytest process has, through earlier GPU tests.
+        monkeypatch.setattr(flare_l2evict._eviction, "triton_started", lambda: False)
     with torch.inference_mode():
         tensors = {
             "model.layers.0.mlp.experts.w13_weight": torch.ones(512 * MiB // 4, device=device)

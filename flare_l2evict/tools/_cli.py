@@ -327,8 +327,9 @@ def _table(header: str, before: StartupResult, after: StartupResult, label: str)
         lines.append(f"l2evict audit: {shown(after.audit.summary(), 2000)}")
     if after.cute_guard_stand_in:
         lines.append(
-            "note: the CuTe DSL is not installed, so b12x's no-compilation guard was a no-op "
-            "stand-in during the races (nothing raced here is CuTe)"
+            "note: the CuTe DSL is not installed, so b12x's no-compilation guard ran with a "
+            "stand-in for b12x._lib.compiler (it refuses every CuTe compile); its Triton half "
+            "was b12x's own"
         )
     return "\n".join(lines)
 
