@@ -20,8 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from figures import KV_BYTES_PER_TOKEN as KV
-from figures import OUTPUTS, OWN, MiB
+from figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
 
 import flare_l2evict
 from flare_l2evict import WeightEviction, choose_source, install, stock_window_bytes

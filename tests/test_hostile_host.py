@@ -41,8 +41,7 @@ from typing import Any
 import pytest
 import torch
 from figures import OWN, MiB
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import flare_l2evict
 from flare_l2evict import EvictionHandle, L2EvictError, ReclaimReport, plugin

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from figures import KV_BYTES_PER_TOKEN as KV
-from figures import OWN, MiB
+from figures import KV_BYTES_PER_TOKEN as KV, OWN, MiB
 
 from flare_l2evict.tools._cli import main
 from flare_l2evict.tools._headers import read_checkpoint

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from figures import KV_BYTES_PER_TOKEN as KV
-from figures import OUTPUTS, OWN, MiB
+from figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, PluginNotFoundError, WeightEviction
