@@ -79,13 +79,15 @@ def test_no_reference_to_the_weights_after_startup() -> None:
     from torch.multiprocessing.reductions import StorageWeakRef
 
     tensors = example_tensors(64 * MiB)
-    big = StorageWeakRef(tensors["model.layers.3.mlp.experts.w13_weight"].untyped_storage())
+    big = StorageWeakRef(  # type: ignore[no-untyped-call]
+        tensors["model.layers.3.mlp.experts.w13_weight"].untyped_storage()
+    )
     small_l2 = dataclasses.replace(GB202, l2_cache_bytes=32 * MiB)
     result = host(profile=small_l2).start(tensors)
     assert result.reclaimed_bytes == 5 * 64 * MiB - OWN
     del tensors
     gc.collect()
-    assert big.expired()
+    assert big.expired()  # type: ignore[no-untyped-call]
 
 
 def test_disabled_by_config_leaves_the_budget(gb202_checkpoint: Path) -> None:

@@ -13,7 +13,7 @@ from flare_l2evict import (
 )
 
 
-def section(**keys: object) -> dict:
+def section(**keys: object) -> dict[str, object]:
     return {"plugins": {"l2evict": keys}}
 
 
