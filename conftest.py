@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -53,7 +54,7 @@ def make_runtime() -> Callable[..., ReferenceRuntime]:
     def make(
         tensors: dict[str, torch.Tensor],
         *,
-        config: dict | None = None,
+        config: Mapping[str, Any] | None = None,
         l2_cache_bytes: int = 32 * MiB,
         race_jobs: int = 5,
         device: str = "cpu",

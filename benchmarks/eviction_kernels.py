@@ -10,6 +10,8 @@ of L2-resident probes (1/8 and 1/2 of L2) right after each.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from flare_l2evict import WeightEviction, choose_source
@@ -29,19 +31,35 @@ def main() -> None:
     floor_bw = big.numel() * 4 / (time_call(read_1g, repetitions=64, device=device).median * 1e-6)
     weights = torch.ones(window // 4 * 4, dtype=torch.float32, device=device)
     tail = weights[-(window // 4) :]
-    variants = {}
+    variants: dict[str, Callable[[], None]] = {}
     for rows in (1024, 8192, 131072):
         out = torch.empty(rows, dtype=torch.float32, device=device)
         view = tail.view(rows, -1)
-        variants[f"sum fp32 rows={rows}"] = lambda v=view, o=out: torch.sum(v, dim=1, out=o)
+
+        def sum_rows(v: torch.Tensor = view, o: torch.Tensor = out) -> None:
+            torch.sum(v, dim=1, out=o)
+
+        variants[f"sum fp32 rows={rows}"] = sum_rows
     half = tail.view(torch.bfloat16).view(8192, -1)
     out_half = torch.empty(8192, dtype=torch.bfloat16, device=device)
-    variants["sum bf16 rows=8192"] = lambda: torch.sum(half, dim=1, out=out_half)
+
+    def sum_bf16() -> None:
+        torch.sum(half, dim=1, out=out_half)
+
+    variants["sum bf16 rows=8192"] = sum_bf16
     ints = tail.view(torch.int32).view(8192, -1)
     out_int = torch.empty(8192, dtype=torch.int32, device=device)
-    variants["amax int32 rows=8192"] = lambda: torch.amax(ints, dim=1, out=out_int)
+
+    def amax_int32() -> None:
+        torch.amax(ints, dim=1, out=out_int)
+
+    variants["amax int32 rows=8192"] = amax_int32
     one = torch.empty((), dtype=torch.float32, device=device)
-    variants["sum fp32 to 0-d, weights"] = lambda: torch.sum(tail, dim=0, out=one)
+
+    def sum_to_0d() -> None:
+        torch.sum(tail, dim=0, out=one)
+
+    variants["sum fp32 to 0-d, weights"] = sum_to_0d
     from b12x.preparation._measurement import _l2_flush_fn
 
     variants["b12x stock _l2_flush_fn"] = _l2_flush_fn(device, enabled=True)
@@ -60,9 +78,9 @@ def main() -> None:
     def cold() -> None:
         torch.sum(big.view(8192, -1), dim=1, out=sink)
 
-    coldness = {}
+    coldness: dict[str, list[float]] = {}
     for probe in probes.values():
-        conditions = {"warm": probe, "cold": cold, **variants}
+        conditions: dict[str, Callable[[], None]] = {"warm": probe, "cold": cold, **variants}
         times = compare(conditions, probe, repetitions=480, rounds=8, device=device)
         warm, hot = times["warm"].trimmed_mean, times["cold"].trimmed_mean
         for name in variants:

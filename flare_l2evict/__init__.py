@@ -13,7 +13,8 @@ holds the CLI, plan, check, reference host and bench.
 Names are imported on first use, so ``import flare_l2evict`` (and the CLI's
 ``--help``) does not pay for torch until something needs it. ``_EXPORTS`` is
 the one list of public names; the ``TYPE_CHECKING`` block mirrors it for type
-checkers, and a test holds the two equal.
+checkers (``name as name``: an explicit re-export, which strict checkers need),
+and a test holds the two equal.
 """
 
 from __future__ import annotations
@@ -93,31 +94,79 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from ._agree import Agreement, RankOutcome, agree
+    from ._agree import (
+        Agreement as Agreement,
+        RankOutcome as RankOutcome,
+        agree as agree,
+    )
     from ._credit import (
-        CREDIT_OVERHEAD_BYTES,
-        EVICTION_OUTPUT_BYTES,
-        READ_KERNEL_BYTES,
-        Credit,
-        credit,
+        CREDIT_OVERHEAD_BYTES as CREDIT_OVERHEAD_BYTES,
+        EVICTION_OUTPUT_BYTES as EVICTION_OUTPUT_BYTES,
+        READ_KERNEL_BYTES as READ_KERNEL_BYTES,
+        Credit as Credit,
+        credit as credit,
     )
-    from ._decision import Decision, Storages, decide
+    from ._decision import (
+        Decision as Decision,
+        Storages as Storages,
+        decide as decide,
+    )
     from ._errors import (
-        CheckpointError,
-        ConfigError,
-        InstallError,
-        L2EvictError,
-        PluginNotFoundError,
-        RuntimeContractError,
-        SourceError,
+        CheckpointError as CheckpointError,
+        ConfigError as ConfigError,
+        InstallError as InstallError,
+        L2EvictError as L2EvictError,
+        PluginNotFoundError as PluginNotFoundError,
+        RuntimeContractError as RuntimeContractError,
+        SourceError as SourceError,
     )
-    from ._eviction import EvictionHandle, WeightEviction
-    from ._install import Installation, active_installation, install, restore
-    from ._markers import hookimpl, hookspec
-    from ._report import DeviceAudit, ReclaimReport, SourceRead, StartupAudit
-    from ._runtime import RuntimeFacts, read_runtime
-    from ._seam import SeamProof, StockBuffer, measure_stock_buffer, prove_seam
-    from ._settings import L2EvictSettings, load_deployment_config, settings_from_config
-    from ._source import SourceChoice, SourcePiece, SourceStorage, choose_source
-    from ._window import stock_buffer_bytes, stock_window_bytes
-    from .hookspecs import FlareRuntime, FlareStartupSpec, KVAllocator
+    from ._eviction import (
+        EvictionHandle as EvictionHandle,
+        WeightEviction as WeightEviction,
+    )
+    from ._install import (
+        Installation as Installation,
+        active_installation as active_installation,
+        install as install,
+        restore as restore,
+    )
+    from ._markers import (
+        hookimpl as hookimpl,
+        hookspec as hookspec,
+    )
+    from ._report import (
+        DeviceAudit as DeviceAudit,
+        ReclaimReport as ReclaimReport,
+        SourceRead as SourceRead,
+        StartupAudit as StartupAudit,
+    )
+    from ._runtime import (
+        RuntimeFacts as RuntimeFacts,
+        read_runtime as read_runtime,
+    )
+    from ._seam import (
+        SeamProof as SeamProof,
+        StockBuffer as StockBuffer,
+        measure_stock_buffer as measure_stock_buffer,
+        prove_seam as prove_seam,
+    )
+    from ._settings import (
+        L2EvictSettings as L2EvictSettings,
+        load_deployment_config as load_deployment_config,
+        settings_from_config as settings_from_config,
+    )
+    from ._source import (
+        SourceChoice as SourceChoice,
+        SourcePiece as SourcePiece,
+        SourceStorage as SourceStorage,
+        choose_source as choose_source,
+    )
+    from ._window import (
+        stock_buffer_bytes as stock_buffer_bytes,
+        stock_window_bytes as stock_window_bytes,
+    )
+    from .hookspecs import (
+        FlareRuntime as FlareRuntime,
+        FlareStartupSpec as FlareStartupSpec,
+        KVAllocator as KVAllocator,
+    )

@@ -41,7 +41,7 @@ def _kernel() -> Any:
         import triton
         import triton.language as tl
 
-        @triton.jit
+        @triton.jit  # type: ignore[untyped-decorator]
         def read(x, out, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):  # type: ignore[no-untyped-def]
             pid = tl.program_id(0)
             step = tl.num_programs(0) * BLOCK * ITERS

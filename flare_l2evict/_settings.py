@@ -222,7 +222,7 @@ def _no_alias_loader(yaml: Any, path: Path) -> type:
     billion-laughs document from costing more than reading it.
     """
 
-    class NoAliasLoader(yaml.SafeLoader):
+    class NoAliasLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml arrives untyped (Any)
         def compose_node(self, parent: object, index: object) -> object:
             event = self.peek_event()
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:

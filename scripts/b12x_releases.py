@@ -100,7 +100,8 @@ def verdict(name: str, version: str, cache: Path) -> dict[str, object]:
     if run.returncode != 0:
         tail = " ".join(run.stderr.strip().splitlines()[-1:])
         return {"installs": False, "reason": f"import failed: {tail}", "error": True}
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    verdict: dict[str, object] = json.loads(run.stdout.strip().splitlines()[-1])
+    return verdict
 
 
 def main() -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -119,7 +120,7 @@ def use_fake(monkeypatch: pytest.MonkeyPatch, root: Path) -> ModuleType:
     return importlib.import_module("b12x.preparation._measurement")
 
 
-def job_evictions(jobs: int) -> list[object]:
+def job_evictions(jobs: int) -> list[Callable[[], object]]:
     """Start ``jobs`` race jobs of the loaded fake the way its session does."""
     session = importlib.import_module("b12x.preparation.session")
     import torch

@@ -8,16 +8,17 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from figures import MiB
 
 from flare_l2evict.tools._cli import main
-from flare_l2evict.tools.reference_host import plugin_manager
+from flare_l2evict.tools.reference_host import ReferenceRuntime, plugin_manager
 
 
-def header_file(path: Path, header: dict, data: bytes) -> Path:
+def header_file(path: Path, header: dict[str, Any], data: bytes) -> Path:
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
     return path
@@ -289,7 +290,7 @@ RUNTIME_CASES: list[tuple[str, object, str]] = [
     ("name", "value", "line"), RUNTIME_CASES, ids=[c[2][:40] for c in RUNTIME_CASES]
 )
 def test_runtime_values_out_of_range_are_one_line(
-    make_runtime: Callable, name: str, value: object, line: str
+    make_runtime: Callable[..., ReferenceRuntime], name: str, value: object, line: str
 ) -> None:
     runtime = make_runtime({"w": torch.zeros(64 * MiB // 4)})
     setattr(runtime, name, value)
@@ -298,7 +299,9 @@ def test_runtime_values_out_of_range_are_one_line(
     assert "\n" not in report.reason
 
 
-def test_a_tensor_name_that_is_not_a_string_is_one_line(make_runtime: Callable) -> None:
+def test_a_tensor_name_that_is_not_a_string_is_one_line(
+    make_runtime: Callable[..., ReferenceRuntime],
+) -> None:
     runtime = make_runtime({7: torch.zeros(64 * MiB // 4)})
     report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
     assert report.reclaimed_bytes == 0

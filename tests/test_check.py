@@ -8,7 +8,9 @@ import importlib
 import importlib.metadata
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +27,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def check_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
+def check_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
     code, out, _ = run(capsys, "check", "--json", *argv)
     return code, json.loads(out)
 
@@ -51,9 +53,12 @@ def test_check_defaults_to_the_gpu_where_there_is_one(
     seen: list[tuple[str, str]] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(
-        _check, "run_check", lambda args, profile, device, why: seen.append((str(device), why)) or 0
-    )
+
+    def run_check_stand_in(args: object, profile: object, device: object, why: str) -> int:
+        seen.append((str(device), why))
+        return 0
+
+    monkeypatch.setattr(_check, "run_check", run_check_stand_in)
     assert main(["check"]) == 0
     assert main(["check", "--device", "cpu"]) == 0
     assert seen == [("cuda:0", "default: CUDA is available here"), ("cpu", "--device")]
@@ -67,7 +72,7 @@ def test_help_says_the_default_device(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_json_holds_every_figure_and_agrees_with_plan(
-    capsys: pytest.CaptureFixture[str], write_checkpoint
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
 ) -> None:
     path = write_checkpoint({"w": torch.zeros(128 * MiB // 4)})
     code, figures = check_json(capsys, str(path), "--profile", "h100", "--device", "cpu")
@@ -87,7 +92,7 @@ def test_json_holds_every_figure_and_agrees_with_plan(
 
 
 def test_a_checkpoint_below_the_window_falls_back_with_exit_1(
-    capsys: pytest.CaptureFixture[str], write_checkpoint, tmp_path: Path
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path], tmp_path: Path
 ) -> None:
     """The report's over-credit, through check: the same shard twice is still one shard."""
     path = write_checkpoint({"w": torch.zeros(96 * MiB // 4)})

@@ -6,6 +6,7 @@ import json
 import logging
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_own_checkpoint_and_config(
-    capsys: pytest.CaptureFixture[str], write_checkpoint, tmp_path: Path
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path], tmp_path: Path
 ) -> None:
     path = write_checkpoint({"a": torch.zeros(80 * MiB // 4), "b": torch.zeros(90 * MiB // 4)})
     config = tmp_path / "deploy.toml"
@@ -67,7 +68,11 @@ def test_own_checkpoint_and_config(
     ],
 )
 def test_bad_checkpoints_are_one_line(
-    capsys: pytest.CaptureFixture[str], write_checkpoint, tmp_path: Path, setup: str, message: str
+    capsys: pytest.CaptureFixture[str],
+    write_checkpoint: Callable[..., Path],
+    tmp_path: Path,
+    setup: str,
+    message: str,
 ) -> None:
     path = tmp_path / "model.safetensors"
     if setup == "junk":

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import torch
 from figures import MiB
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import flare_l2evict
 from flare_l2evict import credit, plugin, stock_buffer_bytes

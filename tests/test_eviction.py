@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -46,7 +47,7 @@ def test_a_freed_storage_falls_back_with_one_warning(caplog: pytest.LogCaptureFi
     weights = torch.zeros(1024)
     calls: list[str] = []
 
-    def stock_factory_stand_in():
+    def stock_factory_stand_in() -> Callable[[], None]:
         calls.append("made")
         return lambda: calls.append("stock")
 
@@ -66,9 +67,9 @@ def test_release_drops_the_weights() -> None:
     from torch.multiprocessing.reductions import StorageWeakRef
 
     weights = torch.zeros(4096)
-    ref = StorageWeakRef(weights.untyped_storage())
+    ref = StorageWeakRef(weights.untyped_storage())  # type: ignore[no-untyped-call]
     eviction = WeightEviction(choose_source({"w": weights}, "cpu", window_bytes=1024))
     del weights
-    assert not ref.expired()  # the eviction keeps it alive while installed
+    assert not ref.expired()  # type: ignore[no-untyped-call]  # the eviction keeps it alive while installed
     eviction.release()
-    assert ref.expired()
+    assert ref.expired()  # type: ignore[no-untyped-call]

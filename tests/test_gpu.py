@@ -17,11 +17,12 @@ import logging
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
-from figures import KV_BYTES_PER_TOKEN as KV
-from figures import OUTPUTS, OWN, MiB
+from figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
 
 import flare_l2evict
 from flare_l2evict import WeightEviction, choose_source, install, stock_window_bytes
@@ -41,7 +42,7 @@ def device() -> torch.device:
 
 
 @pytest.fixture(scope="module")
-def measurement():  # b12x's module, with its own _l2_flush_fn
+def measurement() -> ModuleType:  # b12x's module, with its own _l2_flush_fn
     return importlib.import_module("b12x.preparation._measurement")
 
 
@@ -76,7 +77,9 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 @pytest.mark.parametrize("kernel", ["auto", "triton", "torch"])
-def test_read_kernel_is_triton_where_it_loads(l2, weights, kernel: Kernel) -> None:
+def test_read_kernel_is_triton_where_it_loads(
+    l2: int, weights: torch.Tensor, kernel: Kernel
+) -> None:
     """Triton where it loads; "auto" picks it only where this process already runs Triton."""
     from flare_l2evict._eviction import triton_started
 
@@ -112,18 +115,24 @@ def test_read_kernel_code_fits_its_charge() -> None:
     assert got["taken"] <= flare_l2evict.READ_KERNEL_BYTES
 
 
-def test_cold_l2_probe_matches_stock(device, measurement, l2, weights) -> None:
+def test_cold_l2_probe_matches_stock(
+    device: torch.device, measurement: ModuleType, l2: int, weights: torch.Tensor
+) -> None:
     stock = measurement._l2_flush_fn(device, enabled=True)
     plugin = ours(weights, l2)
     probe = Probe(l2 // 2, device)
     unrelated = torch.ones(1 << 28, dtype=torch.float32, device=device)  # 1 GiB
     sink = torch.empty((), device=device)
+
+    def read_1gib() -> None:
+        torch.sum(unrelated, dim=0, out=sink)
+
     times = compare(
         {
             "warm": probe,
             "stock": stock,
             "plugin": plugin,
-            "1GiB": lambda: torch.sum(unrelated, dim=0, out=sink),
+            "1GiB": read_1gib,
         },
         probe,
         repetitions=256,
@@ -141,7 +150,9 @@ def test_cold_l2_probe_matches_stock(device, measurement, l2, weights) -> None:
     assert gap > 5 * max(times["warm"].spread, 0.01 * times["warm"].median)
 
 
-def test_weights_bit_identical_after_1000_evictions(device, l2, weights) -> None:
+def test_weights_bit_identical_after_1000_evictions(
+    device: torch.device, l2: int, weights: torch.Tensor
+) -> None:
     def digest() -> str:
         return hashlib.sha256(weights.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
@@ -154,9 +165,11 @@ def test_weights_bit_identical_after_1000_evictions(device, l2, weights) -> None
 
 
 @pytest.mark.parametrize("kernel", ["auto", "torch"])
-def test_eviction_is_captured_in_a_cuda_graph(device, l2, weights, kernel: Kernel) -> None:
+def test_eviction_is_captured_in_a_cuda_graph(
+    device: torch.device, l2: int, weights: torch.Tensor, kernel: Kernel
+) -> None:
     plugin = ours(weights, l2, kernel)
-    side = torch.cuda.Stream(device)
+    side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
     with torch.cuda.stream(side):
         plugin()  # warm-up outside capture, as capture requires
     torch.cuda.synchronize(device)
@@ -170,7 +183,9 @@ def test_eviction_is_captured_in_a_cuda_graph(device, l2, weights, kernel: Kerne
 
 
 @pytest.mark.parametrize("kernel", ["auto", "torch"])
-def test_eviction_allocates_nothing(device, l2, weights, kernel: Kernel) -> None:
+def test_eviction_allocates_nothing(
+    device: torch.device, l2: int, weights: torch.Tensor, kernel: Kernel
+) -> None:
     plugin = ours(weights, l2, kernel)
     plugin()
     torch.cuda.synchronize(device)
@@ -183,7 +198,13 @@ def test_eviction_allocates_nothing(device, l2, weights, kernel: Kernel) -> None
     assert torch.cuda.max_memory_allocated(device) == before
 
 
-def test_race_picks_the_same_winner(device, measurement, l2, weights, cute_guard_stand_in) -> None:
+def test_race_picks_the_same_winner(
+    device: torch.device,
+    measurement: ModuleType,
+    l2: int,
+    weights: torch.Tensor,
+    cute_guard_stand_in: bool,
+) -> None:
     from flare_l2evict.tools.reference_host import gemm_candidates, run_race
 
     calls = gemm_candidates(device)
@@ -195,7 +216,11 @@ def test_race_picks_the_same_winner(device, measurement, l2, weights, cute_guard
 
 
 def test_prepare_race_steps_uses_the_installed_eviction(
-    device, measurement, l2, weights, cute_guard_stand_in
+    device: torch.device,
+    measurement: ModuleType,
+    l2: int,
+    weights: torch.Tensor,
+    cute_guard_stand_in: bool,
 ) -> None:
     from flare_l2evict.tools.reference_host import gemm_candidates, run_race
 
@@ -218,7 +243,11 @@ def test_prepare_race_steps_uses_the_installed_eviction(
 
 
 def test_freed_storage_falls_back_to_stock_and_logs(
-    device, measurement, l2, weights, caplog: pytest.LogCaptureFixture
+    device: torch.device,
+    measurement: ModuleType,
+    l2: int,
+    weights: torch.Tensor,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     install(choose_source({"w": weights}, weights.device, stock_window_bytes(l2)))
     eviction = measurement._l2_flush_fn(device, enabled=True)
@@ -232,7 +261,7 @@ def test_freed_storage_falls_back_to_stock_and_logs(
     assert torch.cuda.memory_allocated(device) - before >= stock_window_bytes(l2)
 
 
-def test_storage_on_another_gpu_falls_back(device) -> None:
+def test_storage_on_another_gpu_falls_back(device: torch.device) -> None:
     if torch.cuda.device_count() < 2:
         pytest.skip("needs a second GPU")
     from flare_l2evict.tools.reference_host import plugin_manager
@@ -250,7 +279,9 @@ def test_storage_on_another_gpu_falls_back(device) -> None:
     assert report.reclaimed_bytes == 0 and "1 other device" in report.reason
 
 
-def test_reference_host_bytes_are_true(device, l2, cute_guard_stand_in) -> None:
+def test_reference_host_bytes_are_true(
+    device: torch.device, l2: int, cute_guard_stand_in: bool
+) -> None:
     profile = PROFILES["h200"]
     tensors = example_tensors(stock_window_bytes(l2))
     host = {
@@ -268,6 +299,7 @@ def test_reference_host_bytes_are_true(device, l2, cute_guard_stand_in) -> None:
         f"stock {stock.race_peak_bytes:,} B, plugin {plugin.race_peak_bytes:,} B; "
         f"reported {report.reclaimed_bytes:,} B"
     )
+    assert stock.race_peak_bytes is not None and plugin.race_peak_bytes is not None
     saved = stock.race_peak_bytes - plugin.race_peak_bytes  # the plugin's own bytes included
     assert saved >= report.reclaimed_bytes  # never over-reported
     assert saved - report.reclaimed_bytes <= OWN + 64 * KiB * jobs
@@ -286,7 +318,9 @@ def test_reference_host_bytes_are_true(device, l2, cute_guard_stand_in) -> None:
     )
 
 
-def test_weights_freed_after_startup_complete(device, l2, cute_guard_stand_in) -> None:
+def test_weights_freed_after_startup_complete(
+    device: torch.device, l2: int, cute_guard_stand_in: bool
+) -> None:
     tensors = {"w": torch.zeros(512 * MiB // 4, device=device)}
     profile = PROFILES["h200"]
     ReferenceHost(
@@ -349,7 +383,7 @@ print(json.dumps({
 """
 
 
-def test_guard_refuses_a_triton_kernel_never_compiled(tmp_path) -> None:
+def test_guard_refuses_a_triton_kernel_never_compiled(tmp_path: Path) -> None:
     """The races' guard is live: a Triton kernel not compiled before is refused inside it.
 
     Fresh process, fresh ``TRITON_CACHE_DIR`` and a kernel whose source has a

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -201,7 +202,7 @@ def test_files_written_by_safetensors_are_read_as_written(tmp_path: Path) -> Non
 
 
 @pytest.fixture
-def shard(write_checkpoint) -> Path:
+def shard(write_checkpoint: Callable[..., Path]) -> Path:
     return write_checkpoint({"w": torch.zeros(1024), "b": torch.zeros(8)}, "shard.safetensors")
 
 
@@ -237,7 +238,9 @@ def test_a_file_given_directly_gives_all_its_tensors_even_beside_an_index(
     assert sorted(t.name for t in read_checkpoint([shard, index])) == ["b", "w"]
 
 
-def test_one_tensor_name_in_two_files_is_one_line(write_checkpoint, tmp_path: Path) -> None:
+def test_one_tensor_name_in_two_files_is_one_line(
+    write_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
     first = write_checkpoint({"w": torch.zeros(4)}, "one.safetensors")
     second = write_checkpoint({"w": torch.zeros(8)}, "two.safetensors")
     with pytest.raises(CheckpointError) as caught:

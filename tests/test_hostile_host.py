@@ -41,8 +41,7 @@ from typing import Any
 import pytest
 import torch
 from figures import OWN, MiB
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import flare_l2evict
 from flare_l2evict import EvictionHandle, L2EvictError, ReclaimReport, plugin
@@ -145,6 +144,7 @@ def hostile(mode: str = "ok", tensors: Any = _WEIGHTS, **kwargs: Any) -> Hostile
 
 
 def hook(runtime: HostileRuntimeStandIn) -> ReclaimReport:
+    report: ReclaimReport
     (report,) = PM.hook.before_first_capture(runtime=runtime)
     return report
 
@@ -218,7 +218,7 @@ def test_two_threads_at_once_make_one_credit() -> None:
         thread.join()
     assert sorted(r.reclaimed_bytes for r in reports) == [0, CREDIT]
     refused = next(r for r in reports if r.reclaimed_bytes == 0)
-    assert "concurrent call" in refused.reason
+    assert "concurrent call" in (refused.reason or "")
     assert sum(r.kv_allocator.applied for r in runtimes) == CREDIT
 
 
@@ -237,7 +237,7 @@ def test_storages_that_overlap_in_memory_count_once() -> None:
     assert len({id(t.untyped_storage()) for t in tensors.values()}) == 130
     report = hook(hostile(tensors=tensors))
     assert report.reclaimed_bytes == 0
-    assert "1 eligible storages hold 1,048,576 distinct bytes" in report.reason
+    assert "1 eligible storages hold 1,048,576 distinct bytes" in (report.reason or "")
 
 
 def test_partly_overlapping_storages_are_read_once_each_byte() -> None:
@@ -267,6 +267,7 @@ def test_a_raising_property_gives_zero_and_one_line(
         report = hook(runtime)
     assert report.reclaimed_bytes == 0
     shown = "kv_allocator" if name == "add_reclaimed" else name
+    assert report.reason is not None
     assert f"runtime.{shown}" in report.reason and "exploded" in report.reason
     assert flare_l2evict.active_installation() is None and not seam_is_ours()
     (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
@@ -293,6 +294,7 @@ def test_a_bare_tensor_from_resident_tensors_is_named_without_iterating_it() -> 
     bare = torch.zeros(4_000_000).as_subclass(NeverIteratedTensorStandIn)
     report = hook(hostile(tensors=bare))
     assert report.reclaimed_bytes == 0
+    assert report.reason is not None
     assert "resident_tensors() returned a Tensor of shape (4000000,)" in report.reason
     assert "not a mapping of names to tensors" in report.reason
 
@@ -302,7 +304,7 @@ def test_a_bare_tensor_from_resident_tensors_is_named_without_iterating_it() -> 
 )
 def test_other_non_mappings_are_named(returned: object, named: str) -> None:
     report = hook(hostile(tensors=returned))
-    assert report.reclaimed_bytes == 0 and f"returned {named}" in report.reason
+    assert report.reclaimed_bytes == 0 and f"returned {named}" in (report.reason or "")
 
 
 # 7. The hook under torch.inference_mode(), the races outside it (torch read path on CPU).
@@ -524,7 +526,7 @@ class OverstatedStorageStandIn(torch.UntypedStorage):
 
 
 def test_a_storage_cannot_overstate_its_size_or_be_grown() -> None:
-    tensor = torch.empty(0).set_(OverstatedStorageStandIn(MiB))
+    tensor = torch.empty(0).set_(OverstatedStorageStandIn(MiB))  # type: ignore[no-untyped-call]
     address = tensor.data_ptr()
     report = hook(hostile(tensors={"w": tensor}))
     assert report.reclaimed_bytes == 0 and "1,048,576 distinct bytes" in (report.reason or "")
@@ -652,7 +654,7 @@ def test_a_wrapper_subclass_without_storage_bytes_is_skipped_not_fatal() -> None
             return torch.Tensor._make_wrapper_subclass(cls, (size,), dtype=torch.float32)
 
         @classmethod
-        def __torch_dispatch__(
+        def __torch_dispatch__(  # type: ignore[override]  # a classmethod, as torch's own are
             cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
         ) -> Any:
             raise NotImplementedError

@@ -13,6 +13,7 @@ import flare_l2evict
 from flare_l2evict import (
     EvictionHandle,
     InstallError,
+    SourceChoice,
     StockBuffer,
     choose_source,
     install,
@@ -24,7 +25,7 @@ STOCK = measurement._l2_flush_fn
 STOCK_BUFFER = StockBuffer(64 * MiB, measured=False)
 
 
-def choice(device: str = "cpu"):
+def choice(device: str = "cpu") -> SourceChoice:
     return choose_source({"w": torch.zeros(4096)}, device, window_bytes=1024)
 
 
@@ -75,7 +76,9 @@ def test_the_proof_unwraps_an_installed_seam() -> None:
 
 
 def test_a_changed_seam_is_left_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
-    def changed_l2_flush_fn_stand_in(device, enabled=True, window=None):
+    def changed_l2_flush_fn_stand_in(
+        device: object, enabled: bool = True, window: object = None
+    ) -> None:
         return None
 
     monkeypatch.setattr(measurement, "_l2_flush_fn", changed_l2_flush_fn_stand_in)

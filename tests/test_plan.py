@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from figures import KV_BYTES_PER_TOKEN as KV
-from figures import OWN, MiB
+from figures import KV_BYTES_PER_TOKEN as KV, OWN, MiB
 
 from flare_l2evict.tools._cli import main
 from flare_l2evict.tools._headers import read_checkpoint
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_sparse_index
 
 
-def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     assert main(["plan", *argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    plan: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return plan
 
 
 def test_plan_and_startup_choose_the_same_tensor(
-    capsys: pytest.CaptureFixture[str], write_checkpoint, tmp_path: Path
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path], tmp_path: Path
 ) -> None:
     tensors = {
         "model.embed_tokens.weight": torch.zeros(40 * MiB),  # largest, but excluded
@@ -51,7 +53,7 @@ def test_plan_and_startup_choose_the_same_tensor(
 
 
 def test_per_rank_files_and_the_agreed_minimum(
-    capsys: pytest.CaptureFixture[str], write_checkpoint
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
 ) -> None:
     rank0 = write_checkpoint({"w.rank0": torch.zeros(32 * MiB)}, "rank0.safetensors")
     rank1 = write_checkpoint({"w.rank1": torch.zeros(MiB)}, "rank1.safetensors")
@@ -64,7 +66,7 @@ def test_per_rank_files_and_the_agreed_minimum(
 
 
 def test_unsharded_split_is_an_estimate(
-    capsys: pytest.CaptureFixture[str], write_checkpoint
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
 ) -> None:
     path = write_checkpoint({"experts": torch.zeros(4, 32 * MiB), "odd": torch.zeros(3, 30 * MiB)})
     plan = plan_json(capsys, str(path), "--tp", "4", "--l2-mib", "16")
@@ -75,7 +77,7 @@ def test_unsharded_split_is_an_estimate(
 
 
 def test_index_of_real_files(
-    capsys: pytest.CaptureFixture[str], write_checkpoint, tmp_path: Path
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path], tmp_path: Path
 ) -> None:
     write_checkpoint({"a": torch.zeros(20 * MiB)}, "model-1.safetensors")
     write_checkpoint({"b": torch.zeros(30 * MiB)}, "model-2.safetensors")
@@ -105,7 +107,10 @@ def test_sparse_index_headers_are_real_safetensors(tmp_path: Path) -> None:
     "problem", ["missing_shard", "corrupt_header", "empty_index", "bad_offsets"]
 )
 def test_header_errors_are_one_line(
-    capsys: pytest.CaptureFixture[str], write_checkpoint, tmp_path: Path, problem: str
+    capsys: pytest.CaptureFixture[str],
+    write_checkpoint: Callable[..., Path],
+    tmp_path: Path,
+    problem: str,
 ) -> None:
     shard = write_checkpoint({"a": torch.zeros(1000)}, "model-1.safetensors")
     index = tmp_path / "model.safetensors.index.json"
@@ -133,14 +138,16 @@ def test_header_errors_are_one_line(
 
 
 def test_per_rank_needs_one_file_per_rank(
-    capsys: pytest.CaptureFixture[str], write_checkpoint
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
 ) -> None:
     path = write_checkpoint({"a": torch.zeros(10)})
     assert main(["plan", str(path), "--tp", "2", "--per-rank"]) == 2
     assert "--per-rank needs one checkpoint per rank: got 1 for --tp 2" in capsys.readouterr().err
 
 
-def test_table_output(capsys: pytest.CaptureFixture[str], write_checkpoint) -> None:
+def test_table_output(
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+) -> None:
     path = write_checkpoint({"w": torch.zeros(32 * MiB)})
     assert main(["plan", str(path), "--l2-mib", "16"]) == 0
     out = capsys.readouterr().out
@@ -149,7 +156,7 @@ def test_table_output(capsys: pytest.CaptureFixture[str], write_checkpoint) -> N
 
 
 def test_a_shard_given_twice_or_through_an_alias_is_credited_once(
-    capsys: pytest.CaptureFixture[str], write_checkpoint, tmp_path: Path
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path], tmp_path: Path
 ) -> None:
     """The report: one 96 MiB shard does not cover a 128 MiB window; read twice it seemed to."""
     shard = write_checkpoint({"w": torch.zeros(96 * MiB // 4)}, "shard2.safetensors")
@@ -173,7 +180,7 @@ def test_a_shard_given_twice_or_through_an_alias_is_credited_once(
 
 
 def test_a_split_dim_beyond_a_tensors_rank_replicates_it(
-    capsys: pytest.CaptureFixture[str], write_checkpoint
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
 ) -> None:
     path = write_checkpoint(
         {"scalar": torch.tensor(1.0), "rows": torch.zeros(4, 8 * MiB), "flat": torch.zeros(MiB)}
@@ -189,7 +196,7 @@ def test_a_split_dim_beyond_a_tensors_rank_replicates_it(
 
 
 def test_tensor_names_are_escaped_in_the_table(
-    capsys: pytest.CaptureFixture[str], write_checkpoint
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
 ) -> None:
     name = "evil\nrank 9  injected\x00\u202eexe.txt" + "x" * 500
     path = write_checkpoint({name: torch.zeros(32 * MiB)})

@@ -11,10 +11,8 @@ import dataclasses
 
 import pytest
 import torch
-from figures import KV_BYTES_PER_TOKEN as KV
-from figures import MiB
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from figures import KV_BYTES_PER_TOKEN as KV, MiB
+from hypothesis import HealthCheck, given, settings, strategies as st
 from safetensors.torch import save_file
 
 from flare_l2evict import settings_from_config

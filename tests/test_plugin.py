@@ -5,19 +5,21 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from figures import KV_BYTES_PER_TOKEN as KV
-from figures import OUTPUTS, OWN, MiB
+from figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, PluginNotFoundError, WeightEviction
 from flare_l2evict.tools.reference_host import (
     PROFILES,
+    DeviceProfile,
     ReferenceHost,
+    ReferenceRuntime,
     example_tensors,
     installed_plugins,
     plugin_manager,
@@ -28,7 +30,9 @@ measurement = pytest.importorskip("b12x.preparation._measurement")
 
 
 def host(
-    plugins: tuple[str, ...] = ("l2evict",), config: dict | None = None, profile=GB202
+    plugins: tuple[str, ...] = ("l2evict",),
+    config: Mapping[str, Any] | None = None,
+    profile: DeviceProfile = GB202,
 ) -> ReferenceHost:
     return ReferenceHost(plugins=plugins, config=config, profile=profile, kv_bytes_per_token=KV)
 
@@ -80,20 +84,23 @@ def test_no_reference_to_the_weights_after_startup() -> None:
     from torch.multiprocessing.reductions import StorageWeakRef
 
     tensors = example_tensors(64 * MiB)
-    big = StorageWeakRef(tensors["model.layers.3.mlp.experts.w13_weight"].untyped_storage())
+    big = StorageWeakRef(  # type: ignore[no-untyped-call]
+        tensors["model.layers.3.mlp.experts.w13_weight"].untyped_storage()
+    )
     small_l2 = dataclasses.replace(GB202, l2_cache_bytes=32 * MiB)
     result = host(profile=small_l2).start(tensors)
     assert result.reclaimed_bytes == 5 * 64 * MiB - OWN
     del tensors
     gc.collect()
-    assert big.expired()
+    assert big.expired()  # type: ignore[no-untyped-call]
 
 
 def test_disabled_by_config_leaves_the_budget(gb202_checkpoint: Path) -> None:
     without = host(plugins=()).start(gb202_checkpoint)
     off = host(config={"plugins": {"l2evict": {"enabled": False}}}).start(gb202_checkpoint)
     assert off.kv_budget_bytes == without.kv_budget_bytes
-    assert off.report is not None and off.report.reason.startswith("disabled by config")
+    assert off.report is not None and off.report.reason is not None
+    assert off.report.reason.startswith("disabled by config")
 
 
 def test_not_named_by_plugin_flag_leaves_the_budget(gb202_checkpoint: Path) -> None:
@@ -105,7 +112,7 @@ def test_unknown_plugin_is_a_clear_error() -> None:
         host(plugins=("l2evcit",))
 
 
-def test_hook_twice_credits_once(make_runtime: Callable) -> None:
+def test_hook_twice_credits_once(make_runtime: Callable[..., ReferenceRuntime]) -> None:
     runtime = make_runtime({"w": torch.zeros(32 * MiB // 4 * 2)})
     pm = plugin_manager(["l2evict"])
     first = pm.hook.before_first_capture(runtime=runtime)[0]
@@ -130,7 +137,10 @@ def test_hook_twice_credits_once(make_runtime: Callable) -> None:
     ],
 )
 def test_fallbacks_report_zero_with_the_reason(
-    make_runtime: Callable, tensors: dict, reason: str, caplog: pytest.LogCaptureFixture
+    make_runtime: Callable[..., ReferenceRuntime],
+    tensors: dict[str, torch.Tensor],
+    reason: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     pm = plugin_manager(["l2evict"])
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
@@ -144,14 +154,16 @@ def test_fallbacks_report_zero_with_the_reason(
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_a_cuda_device_without_cuda_names_runtime_device(make_runtime: Callable) -> None:
+def test_a_cuda_device_without_cuda_names_runtime_device(
+    make_runtime: Callable[..., ReferenceRuntime],
+) -> None:
     runtime = make_runtime({"embed": torch.zeros(1 << 24)}, device="cuda:0")
     report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
     assert report.reclaimed_bytes == 0 and "runtime.device = device(type='cuda'" in report.reason
     assert "CUDA is not available here" in report.reason
 
 
-def test_bad_config_in_the_hook_falls_back(make_runtime: Callable) -> None:
+def test_bad_config_in_the_hook_falls_back(make_runtime: Callable[..., ReferenceRuntime]) -> None:
     runtime = make_runtime({"w": torch.zeros(1 << 25)}, config={"plugins": {"l2evict": {"x": 1}}})
     report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
     assert report.reclaimed_bytes == 0 and "unknown key" in report.reason
@@ -159,7 +171,7 @@ def test_bad_config_in_the_hook_falls_back(make_runtime: Callable) -> None:
 
 
 def test_on_error_raise_restores_then_raises(
-    make_runtime: Callable, monkeypatch: pytest.MonkeyPatch
+    make_runtime: Callable[..., ReferenceRuntime], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken_allocator_stand_in(*_a: object, **_k: object) -> None:
         raise RuntimeError("torch said no")
@@ -175,7 +187,7 @@ def test_on_error_raise_restores_then_raises(
 
 
 def test_install_line_names_tensor_device_and_bytes(
-    make_runtime: Callable, caplog: pytest.LogCaptureFixture
+    make_runtime: Callable[..., ReferenceRuntime], caplog: pytest.LogCaptureFixture
 ) -> None:
     runtime = make_runtime({"model.layers.0.w": torch.zeros(1 << 25)})
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):

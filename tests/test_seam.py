@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,14 +18,16 @@ from fake_b12x import (
 from figures import MiB
 
 import flare_l2evict
-from flare_l2evict import EvictionHandle, plugin
-from flare_l2evict.tools.reference_host import plugin_manager
+from flare_l2evict import EvictionHandle, ReclaimReport, StartupAudit, plugin
+from flare_l2evict.tools.reference_host import ReferenceRuntime, plugin_manager
 
 L2 = 8 * MiB  # the fakes' L2; stock's window is then max(16 MiB, 64 MiB) = 64 MiB
 JOBS = 3
 
 
-def start(make_runtime: Callable, tensors: dict[str, torch.Tensor]):
+def start(
+    make_runtime: Callable[..., ReferenceRuntime], tensors: dict[str, torch.Tensor]
+) -> tuple[ReclaimReport, int, list[Callable[[], object]], StartupAudit]:
     """The plugin's hook, then the fake's race jobs; returns (report, bytes the races saved)."""
     measurement = __import__("b12x.preparation._measurement").preparation._measurement
     job_evictions(JOBS)  # stock: what the jobs allocate without the plugin
@@ -46,7 +49,10 @@ def weights() -> dict[str, torch.Tensor]:
 
 
 def test_stock_shaped_fake_is_served_and_credited_exactly(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_runtime: Callable, weights: dict
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_runtime: Callable[..., ReferenceRuntime],
+    weights: dict[str, torch.Tensor],
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2))
     report, saved, evictions, audit = start(make_runtime, weights)
@@ -56,7 +62,10 @@ def test_stock_shaped_fake_is_served_and_credited_exactly(
 
 
 def test_a_session_that_binds_the_seam_at_import_is_redirected_too(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_runtime: Callable, weights: dict
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_runtime: Callable[..., ReferenceRuntime],
+    weights: dict[str, torch.Tensor],
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, session=SESSION_BOUND_AT_IMPORT))
     report, saved, evictions, _ = start(make_runtime, weights)
@@ -68,7 +77,10 @@ def test_a_session_that_binds_the_seam_at_import_is_redirected_too(
 
 
 def test_a_buffer_of_three_l2_is_measured_not_assumed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_runtime: Callable, weights: dict
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_runtime: Callable[..., ReferenceRuntime],
+    weights: dict[str, torch.Tensor],
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, factor=3))
     report, saved, _, _ = start(make_runtime, weights)
@@ -77,7 +89,10 @@ def test_a_buffer_of_three_l2_is_measured_not_assumed(
 
 
 def test_a_buffer_of_one_l2_is_credited_at_one_l2(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_runtime: Callable, weights: dict
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_runtime: Callable[..., ReferenceRuntime],
+    weights: dict[str, torch.Tensor],
 ) -> None:
     # The formula would say 64 MiB per job; this release allocates 8 MiB.
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, factor=1))
@@ -98,9 +113,9 @@ def test_a_buffer_of_one_l2_is_credited_at_one_l2(
 def test_a_release_the_plugin_cannot_serve_is_refused_and_credited_zero(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    make_runtime: Callable,
-    weights: dict,
-    fault: dict,
+    make_runtime: Callable[..., ReferenceRuntime],
+    weights: dict[str, torch.Tensor],
+    fault: dict[str, Any],
     reason: str,
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, **fault))
@@ -115,8 +130,8 @@ def test_a_release_the_plugin_cannot_serve_is_refused_and_credited_zero(
 def test_weights_freed_mid_startup_show_as_a_shortfall_in_the_audit(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    make_runtime: Callable,
-    weights: dict,
+    make_runtime: Callable[..., ReferenceRuntime],
+    weights: dict[str, torch.Tensor],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     measurement = use_fake(monkeypatch, write_fake(tmp_path, l2=L2))

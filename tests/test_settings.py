@@ -5,11 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from flare_l2evict import ConfigError, L2EvictSettings, load_deployment_config
-from flare_l2evict import settings_from_config as settings
+from flare_l2evict import (
+    ConfigError,
+    L2EvictSettings,
+    load_deployment_config,
+    settings_from_config as settings,
+)
 
 
-def section(**keys: object) -> dict:
+def section(**keys: object) -> dict[str, object]:
     return {"plugins": {"l2evict": keys}}
 
 

@@ -66,7 +66,7 @@ def test_a_huge_int_is_named_by_its_size() -> None:
 
 
 def test_literals_of_large_or_deep_values_are_bounded() -> None:
-    deep: list = []
+    deep: list[object] = []
     for _ in range(100_000):
         deep = [deep]
     assert literal(deep) == "[[[[[...]]]]]"

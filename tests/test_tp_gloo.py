@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 from figures import OWN, MiB
+from torch.multiprocessing.spawn import start_processes
 from tp_scenarios import worker
 
 STOCK = 64 * MiB  # max(2 x 16 MiB, 64 MiB)
@@ -22,8 +23,8 @@ SCENARIOS = [
 ]
 
 
-def run_ranks(world_size: int, tmp_path: Path) -> list[dict]:
-    mp.start_processes(
+def run_ranks(world_size: int, tmp_path: Path) -> list[dict[str, Any]]:
+    start_processes(  # type: ignore[no-untyped-call]
         worker,
         args=(world_size, str(tmp_path / "store"), str(tmp_path), SCENARIOS),
         nprocs=world_size,
@@ -34,15 +35,17 @@ def run_ranks(world_size: int, tmp_path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
-def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def ranks(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> list[dict[str, Any]]:
     return run_ranks(request.param, tmp_path_factory.mktemp(f"tp{request.param}"))
 
 
-def reports(ranks: list[dict], scenario: str) -> list[dict]:
+def reports(ranks: list[dict[str, Any]], scenario: str) -> list[dict[str, Any]]:
     return [r[scenario]["report"] for r in ranks if "report" in r[scenario]]
 
 
-def test_all_ranks_succeed_and_agree(ranks: list[dict]) -> None:
+def test_all_ranks_succeed_and_agree(ranks: list[dict[str, Any]]) -> None:
     got = reports(ranks, "ok")
     assert len(got) == len(ranks)
     assert {r["reclaimed_bytes"] for r in got} == {5 * STOCK - OWN}
@@ -51,7 +54,7 @@ def test_all_ranks_succeed_and_agree(ranks: list[dict]) -> None:
     assert {rank["ok"]["credited"] for rank in ranks} == {5 * STOCK - OWN}
 
 
-def test_one_rank_without_storage_makes_everyone_report_zero(ranks: list[dict]) -> None:
+def test_one_rank_without_storage_makes_everyone_report_zero(ranks: list[dict[str, Any]]) -> None:
     got = reports(ranks, "no_storage")
     assert {r["reclaimed_bytes"] for r in got} == {0}
     for r in got:
@@ -62,7 +65,7 @@ def test_one_rank_without_storage_makes_everyone_report_zero(ranks: list[dict]) 
     assert "rank 1" in got[0]["reason"]
 
 
-def test_differing_settings_are_detected_not_averaged(ranks: list[dict]) -> None:
+def test_differing_settings_are_detected_not_averaged(ranks: list[dict[str, Any]]) -> None:
     got = reports(ranks, "config_differs")
     assert {r["reclaimed_bytes"] for r in got} == {0}
     last = len(ranks) - 1
@@ -71,20 +74,20 @@ def test_differing_settings_are_detected_not_averaged(ranks: list[dict]) -> None
         assert f"rank {last}" in r["reason"] and "100663296" in r["reason"]
 
 
-def test_a_rank_that_raises_inside_the_hook_does_not_deadlock(ranks: list[dict]) -> None:
+def test_a_rank_that_raises_inside_the_hook_does_not_deadlock(ranks: list[dict[str, Any]]) -> None:
     got = reports(ranks, "raises")
     assert len(got) == len(ranks)
     assert {r["reclaimed_bytes"] for r in got} == {0}
     assert all("host lost its checkpoint" in r["fallback_ranks"]["1"] for r in got)
 
 
-def test_on_error_raise_raises_on_that_rank_after_agreeing(ranks: list[dict]) -> None:
+def test_on_error_raise_raises_on_that_rank_after_agreeing(ranks: list[dict[str, Any]]) -> None:
     assert "host lost its checkpoint" in ranks[1]["raises_raise"]["raised"]
     others = [r["raises_raise"]["report"] for i, r in enumerate(ranks) if i != 1]
     assert {r["reclaimed_bytes"] for r in others} == {0}
 
 
-def test_the_minimum_wins(ranks: list[dict]) -> None:
+def test_the_minimum_wins(ranks: list[dict[str, Any]]) -> None:
     got = reports(ranks, "fewer_jobs")
     assert {r["reclaimed_bytes"] for r in got} == {3 * STOCK - OWN}
     assert got[0]["local_reclaimed_bytes"] == 5 * STOCK - OWN
@@ -93,7 +96,7 @@ def test_the_minimum_wins(ranks: list[dict]) -> None:
 
 
 def test_a_group_that_is_not_the_tensor_parallel_group_credits_zero_everywhere(
-    ranks: list[dict],
+    ranks: list[dict[str, Any]],
 ) -> None:
     got = reports(ranks, "group_mismatch")
     assert len(got) == len(ranks)

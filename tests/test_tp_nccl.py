@@ -10,16 +10,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import start_processes
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA devices")
     from nccl_rank import rank_main
@@ -29,8 +30,9 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     world_size = 2
     for rank in range(world_size):
         (directory / f"rank{rank}").mkdir()
-    mp.start_processes(rank_main, args=(world_size, str(directory)), nprocs=world_size,
-                       start_method="spawn")  # fmt: skip
+    start_processes(  # type: ignore[no-untyped-call]
+        rank_main, args=(world_size, str(directory)), nprocs=world_size, start_method="spawn"
+    )
     got = [json.loads(Path(directory, f"rank{r}.json").read_text()) for r in range(world_size)]
     name = torch.cuda.get_device_name(0)
     print(f"\nTP{world_size} over NCCL on {name}; torch {torch.__version__}")
@@ -45,22 +47,22 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return got
 
 
-def test_every_rank_reports_one_nonzero_figure(ranks: list[dict]) -> None:
+def test_every_rank_reports_one_nonzero_figure(ranks: list[dict[str, Any]]) -> None:
     agreed = {r["plugin"]["report"]["reclaimed_bytes"] for r in ranks}
     assert len(agreed) == 1 and 0 not in agreed
 
 
-def test_each_rank_saved_at_least_what_it_reported(ranks: list[dict]) -> None:
+def test_each_rank_saved_at_least_what_it_reported(ranks: list[dict[str, Any]]) -> None:
     for r in ranks:
         saving = r["stock"]["race_peak_bytes"] - r["plugin"]["race_peak_bytes"]
         assert saving >= r["plugin"]["report"]["reclaimed_bytes"]
 
 
-def test_race_winners_are_unchanged(ranks: list[dict]) -> None:
+def test_race_winners_are_unchanged(ranks: list[dict[str, Any]]) -> None:
     for r in ranks:
         assert r["stock"]["race_winners"] == r["plugin"]["race_winners"]
 
 
-def test_each_rank_reads_its_own_device(ranks: list[dict]) -> None:
+def test_each_rank_reads_its_own_device(ranks: list[dict[str, Any]]) -> None:
     for rank, r in enumerate(ranks):
         assert r["plugin"]["eviction_devices"] == [f"cuda:{rank}"]

@@ -10,14 +10,20 @@ import os
 import traceback
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from figures import MiB
 
+if TYPE_CHECKING:
+    from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime
+
 
 class RaisingRuntimeStandIn:
     """A host runtime whose resident_tensors() blows up, as a broken host would."""
+
+    kv_allocator: ReferenceKVAllocator  # copied from the runtime it stands in for
 
     def __init__(self, base: object) -> None:
         self.__dict__.update(base.__dict__)
@@ -26,12 +32,12 @@ class RaisingRuntimeStandIn:
         raise RuntimeError("host lost its checkpoint")
 
 
-def _runtime(scenario: str, rank: int, world_size: int) -> object:
+def _runtime(scenario: str, rank: int, world_size: int) -> ReferenceRuntime | RaisingRuntimeStandIn:
     from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime
 
     # Each rank holds its own shard: a 64 MiB expert block per rank.
     tensors = {f"model.layers.3.mlp.experts.w13_weight.rank{rank}": torch.zeros(16 * MiB)}
-    config: dict = {}
+    config: dict[str, object] = {}
     race_jobs = 5
     if scenario == "no_storage" and rank == 1:
         tensors = {"model.norm.weight": torch.zeros(16)}

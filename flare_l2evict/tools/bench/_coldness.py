@@ -74,13 +74,13 @@ def _triton_kernels() -> dict[str, Any]:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit  # type: ignore[untyped-decorator]
     def flare_probe(x, out, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         pid = tl.program_id(0)
         offsets = pid * BLOCK + tl.arange(0, BLOCK)
         tl.store(out + pid, tl.sum(tl.load(x + offsets, mask=offsets < n, other=0.0)))
 
-    @triton.jit
+    @triton.jit  # type: ignore[untyped-decorator]
     def read_variant(  # type: ignore[no-untyped-def]
         x, out, n, BLOCK: tl.constexpr, ITERS: tl.constexpr, CG: tl.constexpr, REVERSE: tl.constexpr
     ):
@@ -322,7 +322,7 @@ def ncu_target(device: torch.device, *, why: bool, repeats: int, labels: Path) -
     names = ["warm", *made]
     order: list[dict[str, Any]] = []
     torch.cuda.synchronize(device)
-    torch.cuda.profiler.start()
+    torch.cuda.profiler.start()  # type: ignore[no-untyped-call]
     for repeat in range(repeats):
         for fraction, warmer in probes.items():
             shift = repeat % len(names)
@@ -335,7 +335,7 @@ def ncu_target(device: torch.device, *, why: bool, repeats: int, labels: Path) -
                     {"probe": str(fraction), "condition": name, "probe_bytes": warmer.nbytes}
                 )
     torch.cuda.synchronize(device)
-    torch.cuda.profiler.stop()
+    torch.cuda.profiler.stop()  # type: ignore[no-untyped-call]
     labels.write_text(json.dumps(order))
 
 

@@ -75,7 +75,7 @@ class Probe:
 
 def spacer() -> None:
     """One tiny kernel that touches no memory (a single thread spinning ~1 us)."""
-    torch.cuda._sleep(_SPACER_CYCLES)
+    torch.cuda._sleep(_SPACER_CYCLES)  # type: ignore[no-untyped-call]
 
 
 def time_after(
@@ -94,10 +94,10 @@ def time_after(
     while len(samples) < repetitions:
         count = min(_BATCH, repetitions - len(samples))
         events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
             for _ in range(count)
         ]
-        torch.cuda._sleep(_SLEEP_CYCLES)
+        torch.cuda._sleep(_SLEEP_CYCLES)  # type: ignore[no-untyped-call]
         for start, end in events:
             prepare()
             if between is not None:

@@ -18,7 +18,7 @@ def synthetic_checkpoint(count: int, *, fused_largest: bool = False) -> dict[str
     layer = 0
     while len(tensors) < count:
         fused = torch.empty(256 * 3 * 2 * 4)
-        views = iter(fused.split(4))
+        views = iter(torch.split(fused, 4))
         prefix = f"model.layers.{layer}"
         for expert in range(256):
             for proj in ("gate_proj", "up_proj", "down_proj"):

@@ -44,7 +44,7 @@ def _kernel() -> Any:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit  # type: ignore[untyped-decorator]
     def matmul(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,  # type: ignore[no-untyped-def]
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
         pid_n = tl.program_id(0)
