@@ -192,8 +192,8 @@ def plugin_at(weights: torch.Tensor, nbytes: int, kernel: str) -> Callable[[], N
     return eviction
 
 
-def _gib_rows(device: torch.device) -> Callable[[], None]:
-    """1 GiB of unrelated memory, reduced row-wise by torch (bench 0.3.0's cold reference)."""
+def gib_rows(device: torch.device) -> Callable[[], None]:
+    """1 GiB of unrelated memory, reduced row-wise by torch: the cold reference, and the floor's read."""
     unrelated = torch.ones(GiB // 4, dtype=torch.float32, device=device)
     sink = torch.empty(8192, dtype=torch.float32, device=device)
 
@@ -244,7 +244,7 @@ def conditions(
         nbytes = int(l2 * factor) // 4 * 4
         made[f"stock@{factor}"] = stock_at(nbytes, device)
         made[f"triton@{factor}"] = plugin_at(weights, nbytes, "triton")
-    made["cold_1gib"] = _gib_rows(device)
+    made["cold_1gib"] = gib_rows(device)
     if why:
         made["cold_1gib_triton"] = _variant_read(torch.ones(GiB // 4, device=device))
     torch.cuda.synchronize(device)

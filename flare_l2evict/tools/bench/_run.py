@@ -252,7 +252,7 @@ def _cost(device: torch.device, weights: torch.Tensor, window: int, repeats: int
     measured here) plus what one launch of the same kernel costs to start and
     drain (measured over 1 MiB, which stays in L2 and so takes no HBM time).
     """
-    read = _gib_read(device)
+    read = _coldness.gib_rows(device)
     methods: dict[str, Callable[[], None]] = {
         "stock": _stock_method(window, device),
         "plugin": _plugin_at(weights, window, "triton"),
@@ -372,17 +372,6 @@ def run_bench(
     (out_dir / "bench.json").write_text(json.dumps(result, indent=2, default=str))
     result["plot"] = _plot(result["coldness"], l2, window / l2, out_dir / "efficacy.png")
     return result
-
-
-def _gib_read(device: torch.device) -> Callable[[], None]:
-    """A read of 1 GiB of unrelated memory, reduced row-wise as the plugin reads."""
-    unrelated = torch.ones(_GIB // 4, dtype=torch.float32, device=device)
-    sink = torch.empty(8192, dtype=torch.float32, device=device)
-
-    def read() -> None:
-        torch.sum(unrelated.view(8192, -1), dim=1, out=sink)
-
-    return read
 
 
 def _has_dist(name: str) -> bool:
