@@ -193,7 +193,7 @@ def plugin_at(weights: torch.Tensor, nbytes: int, kernel: str) -> Callable[[], N
 
 
 def gib_rows(device: torch.device) -> Callable[[], None]:
-    """1 GiB of unrelated memory, reduced row-wise by torch: the cold reference, and the floor's read."""
+    """1 GiB of unrelated memory, reduced row-wise by torch: the cold reference and the floor."""
     unrelated = torch.ones(GiB // 4, dtype=torch.float32, device=device)
     sink = torch.empty(8192, dtype=torch.float32, device=device)
 
