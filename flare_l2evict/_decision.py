@@ -231,17 +231,22 @@ def choose(
     Skipped storages (``storages.skips``), empty ones, storages that start off
     a float32 boundary, and every storage that overlaps one viewed by a tensor
     matching an ``exclude`` glob are never read. Ties in size go to the name
-    that sorts first, so the same tensors give the same choice. ``where`` names
+    that sorts first (then the lower address), so the same tensors give the same
+    choice in any order. ``where`` names
     the device in the shortfall line.
     """
     if window_bytes <= 0:
         raise ValueError("window_bytes must be positive")
     names, sizes, starts, skips = storages.names, storages.sizes, storages.starts, storages.skips
     excluded = _Ranges(_excluded_ranges(storages, exclude_pattern(exclude)))
-    if sum(sizes) < window_bytes:  # every byte together is too few: no need to try each
+    window_words = window_bytes // WORD * WORD
+    total = sum(sizes) if min(sizes, default=0) >= 0 else sum(s for s in sizes if s > 0)
+    if total < window_words:  # every byte together is too few: no need to try each
         return Choice(window_bytes, (), 0, _shortfall(storages, window_bytes, excluded, where))
     union = _Union()
     by_size = _SameSize(sizes)
+    # Equal names (only a direct caller can pass them) tie-break on the address instead.
+    unique_names = len(set(names)) == len(names)
 
     def take(j: int, start: int, size: int) -> None:
         # A float32 read of a storage that starts off a word boundary faults on a GPU.
@@ -249,7 +254,7 @@ def choose(
             union.add(j, names[j], start, size)
 
     for size in sorted(set(sizes), reverse=True):
-        if size <= 0 or union.readable >= window_bytes:
+        if size <= 0 or union.readable >= window_words:
             break
         views = by_size(size)
         # Fast path: the view whose name sorts first names its storage, and that
@@ -257,9 +262,14 @@ def choose(
         # window, the grouping below would take exactly it. A C-level min over
         # 100,000 fused-block views beats asking each view for its address.
         j = min(views, key=names.__getitem__)
-        if not union.regions and size >= window_bytes and (skips is None or skips[j] is None):
+        if (
+            unique_names
+            and not union.regions
+            and size >= window_bytes
+            and (skips is None or skips[j] is None)
+        ):
             take(j, starts[j], size)
-            if union.readable >= window_bytes:
+            if union.readable >= window_words:
                 break
             union = _Union()
         first: dict[int, int] = {}  # storage start -> index of its first name
@@ -270,15 +280,14 @@ def choose(
             k = first.get(start)
             if k is None or names[j] < names[k]:
                 first[start] = j
-        for start, j in sorted(first.items(), key=lambda item: names[item[1]]):
+        for start, j in sorted(first.items(), key=lambda item: (names[item[1]], item[0])):
             take(j, start, size)
-            if union.readable >= window_bytes:
+            if union.readable >= window_words:
                 break
-    window_words = window_bytes // WORD * WORD
     if union.readable < window_words:
         line = _shortfall(storages, window_bytes, excluded, where)
         return Choice(window_bytes, (), 0, line)
-    regions = sorted(union.regions, key=lambda r: (-r.readable, r.name))
+    regions = sorted(union.regions, key=lambda r: (-r.readable, r.name, r.start))
     sources: list[Source] = []
     remaining = window_words
     for region in regions:

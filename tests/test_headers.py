@@ -260,3 +260,30 @@ def test_an_index_naming_a_tensor_its_shard_lacks_is_one_line(shard: Path, tmp_p
         CheckpointError, match=r"names tensor 'zz' in shard 'shard\.safetensors', which"
     ):
         read_checkpoint([index])
+
+
+def test_every_dtype_the_reader_accepts_loads_with_safetensors_torch(tmp_path: Path) -> None:
+    """``plan`` credits only checkpoints start-up can load: each dtype, one small tensor."""
+    from safetensors.torch import load_file
+
+    from flare_l2evict.tools._headers import _DTYPE_BITS
+
+    for dtype, bits in _DTYPE_BITS.items():
+        count = 8  # a whole number of bytes for every width
+        nbytes = count * bits // 8
+        header = {"w": {"dtype": dtype, "shape": [count], "data_offsets": [0, nbytes]}}
+        raw = json.dumps(header).encode()
+        path = tmp_path / f"{dtype}.safetensors"
+        path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(nbytes))
+        assert read_header(path)[0].nbytes == nbytes
+        load_file(str(path))  # raises for a dtype torch's loader does not understand
+
+
+def test_f6_dtypes_are_refused_as_start_up_would(tmp_path: Path) -> None:
+    nbytes = 6
+    header = {"w": {"dtype": "F6_E2M3", "shape": [8], "data_offsets": [0, nbytes]}}
+    raw = json.dumps(header).encode()
+    path = tmp_path / "f6.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(nbytes))
+    with pytest.raises(CheckpointError, match="unknown dtype 'F6_E2M3'"):
+        read_header(path)
