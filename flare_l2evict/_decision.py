@@ -245,8 +245,6 @@ def choose(
         return Choice(window_bytes, (), 0, _shortfall(storages, window_bytes, excluded, where))
     union = _Union()
     by_size = _SameSize(sizes)
-    # Equal names (only a direct caller can pass them) tie-break on the address instead.
-    unique_names = len(set(names)) == len(names)
 
     def take(j: int, start: int, size: int) -> None:
         # A float32 read of a storage that starts off a word boundary faults on a GPU.
@@ -263,10 +261,11 @@ def choose(
         # 100,000 fused-block views beats asking each view for its address.
         j = min(views, key=names.__getitem__)
         if (
-            unique_names
-            and not union.regions
+            not union.regions
             and size >= window_bytes
             and (skips is None or skips[j] is None)
+            # An equal name elsewhere (only a direct caller passes one) ties on the address.
+            and names.count(names[j]) == 1
         ):
             take(j, starts[j], size)
             if union.readable >= window_words:
