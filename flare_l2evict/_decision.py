@@ -165,15 +165,6 @@ class _Union:
         at = bisect_right(self.starts, start)
         low = at - 1 if at and self.regions[at - 1].end > start else at
         high = bisect_left(self.starts, end, low)
-        if low == high:  # the usual case: apart from every chosen storage
-            region = _Region(start, end, name, size)
-            begin, stop = -(-start // WORD) * WORD, end // WORD * WORD
-            if stop > begin:
-                region.pieces.append(Piece(owner, begin - start, stop - begin))
-                self.readable += stop - begin
-            self.regions.insert(low, region)
-            self.starts.insert(low, start)
-            return
         touching = self.regions[low:high]
         # The bytes no chosen storage holds yet, word-aligned, are this storage's to read.
         gaps: list[tuple[int, int]] = []
@@ -232,8 +223,7 @@ def choose(
     a float32 boundary, and every storage that overlaps one viewed by a tensor
     matching an ``exclude`` glob are never read. Ties in size go to the name
     that sorts first (then the lower address), so the same tensors give the same
-    choice in any order. ``where`` names
-    the device in the shortfall line.
+    choice in any order. ``where`` names the device in the shortfall line.
     """
     if window_bytes <= 0:
         raise ValueError("window_bytes must be positive")

@@ -27,7 +27,7 @@ from typing import Any
 from ._agree import Agreement, RankOutcome, agree, settings_digest
 from ._credit import Credit, credit
 from ._decision import Decision, decide
-from ._errors import InstallError, L2EvictError
+from ._errors import L2EvictError
 from ._install import Installation, active_installation, install, restore
 from ._log import say
 from ._report import ReclaimReport, SourceRead, StartupAudit
@@ -113,7 +113,7 @@ def _decide_and_install(
 
     Invariants: when the decision's credit is 0, nothing is installed; an
     installation made here is recorded on ``state`` at once (the start-up owns
-    it, and only it), and reads at least the window it is credited for.
+    it, and only it).
     """
     with clock.step("source"):
         tensors = read_tensors(facts)
@@ -132,11 +132,6 @@ def _decide_and_install(
         choice = source_choice(decision.choice, held, facts.device)
         installation = install(choice, sizes.proof, sizes.stock)  # refuses if one is active
         state.installation = installation
-    if installation.read_bytes < sizes.window_bytes // WORD * WORD:
-        raise InstallError(
-            f"the eviction reads {installation.read_bytes:,} of the {sizes.window_bytes:,}-byte "
-            "window it was chosen for; nothing credited"
-        )
     return decision, installation
 
 
@@ -186,7 +181,7 @@ class L2EvictStartup:
             if mine is not None and mine.offered_bytes == 0:
                 mine.restore()
             self._settle(state, None)
-            if L2EvictError in type(error).__mro__ or Exception not in type(error).__mro__:
+            if issubclass(type(error), L2EvictError) or not issubclass(type(error), Exception):
                 raise  # on_error = "raise", KeyboardInterrupt, SystemExit
             return _nothing(runtime, f"internal error in flare_l2evict ({_reason(error)})")
 
@@ -230,15 +225,14 @@ class L2EvictStartup:
                     raising = settings.on_error == "raise"
             with clock.step("runtime"):
                 facts = read_runtime(seen)
-            settings = settings or settings_from_section(read_section(facts.config))
+            assert settings is not None  # read_runtime refused a config that is no mapping
             if not settings.enabled:
                 local = Credit(0, "disabled by config (enabled = false)")
             else:
                 sizes = measure_sizes(facts, settings, clock)
                 decision, installation = _decide_and_install(facts, settings, sizes, clock, state)
-                local = decision.credit
-                if installation is not None:  # held to what was really installed
-                    local = _credit_of(installation, sizes)
+                # An installation's credit is held to what it really reads.
+                local = decision.credit if installation is None else _credit_of(installation, sizes)
         except Exception as caught:
             if state.installation is not None:
                 state.installation.restore()
@@ -317,7 +311,7 @@ class L2EvictStartup:
                 report.summary(),
                 detail if raised is not None else "",
             )
-        if raised is not None and Exception not in type(raised).__mro__:
+        if raised is not None and not issubclass(type(raised), Exception):
             raise raised
         if raised is not None and raising:
             raise L2EvictError(
@@ -449,7 +443,7 @@ def _report(
         reclaimed_bytes=credited,
         local_reclaimed_bytes=local.nbytes,
         mechanism=installation.mechanism if installation is not None else "none",
-        reason=agreed.reason or (None if credited else local.reason or agreed.reason),
+        reason=agreed.reason or (None if credited else local.reason),
         fallback_ranks=agreed.fallback_ranks,
         seconds={name: round(value, 6) for name, value in seconds.items()},
         **figures,
@@ -459,6 +453,6 @@ def _report(
 
 def _reason(error: BaseException) -> str:
     """One line: our own errors as they are, anything else with its type; never raises."""
-    if type(error).__mro__.count(L2EvictError):
+    if issubclass(type(error), L2EvictError):
         return shown(" ".join(str(error).split()), 500)
     return described(error, 500)
