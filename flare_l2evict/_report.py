@@ -127,7 +127,8 @@ class StartupAudit(BaseModel):
     unused_credit_bytes: NonNegativeInt = Field(
         default=0,
         description="(race_jobs - peak_alive) x stock buffer: credit for race jobs that never "
-        "held an eviction at the same time; lower race_jobs to peak_alive.",
+        "held an eviction at the same time; lower race_jobs to peak_alive (when peak_alive is "
+        "0, no race ran under the plugin and the summary says so instead).",
     )
     allocator_error: str | None = Field(
         default=None, description="What kv_allocator.add_reclaimed raised after the offer."
@@ -166,7 +167,17 @@ class StartupAudit(BaseModel):
                 f"; kv_allocator.add_reclaimed RAISED {self.allocator_error} after the offer "
                 "(the credit may have been applied; the eviction stayed installed)"
             )
-        if self.unused_credit_bytes:
+        if self.unused_credit_bytes and not self.peak_alive:
+            # No race ran under the plugin: the audit has nothing to hold race_jobs to, and
+            # 0 race jobs would be no fix (a host that races needs at least one).
+            head += (
+                f"; NO RACE RAN: no eviction was asked between before_first_capture and "
+                f"startup_complete, so no race used the {self.credited_bytes:,} credited bytes "
+                f"and the audit cannot confirm the {self.race_jobs} race jobs credited; if this "
+                "host races, call startup_complete after its last race (a race after it "
+                "allocates stock buffers out of the KV cache's memory)"
+            )
+        elif self.unused_credit_bytes:
             head += (
                 f"; UNUSED CREDIT {self.unused_credit_bytes:,} bytes: {self.race_jobs} race jobs "
                 f"credited but at most {self.peak_alive} held an eviction at once; fix: set "
