@@ -9,8 +9,9 @@ import re
 import signal
 import sys
 import tempfile
+import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -23,6 +24,7 @@ from ._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, De
 if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any tool
     import torch
 
+    from ._plan import Plan
     from .reference_host import StartupResult
 
 
@@ -82,11 +84,23 @@ def _device_text(text: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with its error line bounded: it echoes a bad value whole otherwise."""
+    """argparse, with a usage error as one bounded line naming cause and fix, and exit 2.
+
+    ``--help`` is argparse's own. argparse echoes a bad value whole, so the
+    cause is cut before the fix is added: the fix always survives.
+    """
+
+    commands: Mapping[str, argparse.ArgumentParser]
+    """Each command's parser by name (on the top-level parser): its errors name its --help."""
 
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, one_line(f"{self.prog}: error: {message}") + "\n")
+        if "required: command" in message:
+            fix = (
+                f"name a command: {', '.join(COMMANDS)} (flare-l2evict --help says what each does)"
+            )
+        else:
+            fix = f"see {self.prog} --help"
+        self.exit(2, one_line(f"error: {self.prog}: {shown(message, 600)}; fix: {fix}") + "\n")
 
 
 def _device(text: str) -> torch.device:
@@ -155,15 +169,19 @@ def _profile(args: argparse.Namespace) -> DeviceProfile:
 
 
 _CONFIG_HELP = "deployment config (.toml, .yaml, .json)"
+COMMANDS = ("startup", "plan", "check", "bench", "example")
+BENCH_SECTIONS = ("memory", "cost", "coldness", "races", "hook")
+"""``bench --only``'s sections (BENCHMARKS.md numbers them 1, 3, 2 and 5, 4 and 7, 6)."""
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> _Parser:
     parser = _Parser(
         prog="flare-l2evict",
         description="b12x start-up races evict L2 by reading resident weights; "
         "the KV cache gets the eviction buffers.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    parser.commands = commands.choices
     startup = commands.add_parser(
         "startup",
         help="run the reference host without and with plugins and compare the KV cache",
@@ -277,7 +295,35 @@ def _parser() -> argparse.ArgumentParser:
         metavar="K",
         help="interleaved repeats of each figure (the spread is their range)",
     )
+    bench.add_argument(
+        "--only",
+        action="append",
+        choices=BENCH_SECTIONS,
+        metavar="SECTION",
+        help=f"run only this section (repeatable; one of {', '.join(BENCH_SECTIONS)}; "
+        "default: all)",
+    )
     bench.add_argument("--json", action="store_true", help="print the full JSON instead of a table")
+
+    example = commands.add_parser(
+        "example",
+        help="write the embedded example (checkpoint three ways, configs, COMMANDS.md) to try "
+        "the other commands on",
+    )
+    example.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="directory to write (made if missing)",
+    )
+    example.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=DEFAULT_PROFILE,
+        metavar="|".join(sorted(PROFILES)),
+        help=f"size the example for this device's window (default {DEFAULT_PROFILE})",
+    )
     return parser
 
 
@@ -318,18 +364,20 @@ def _table(header: str, before: StartupResult, after: StartupResult, label: str)
             ("Race winners", _winners(before), _winners(after)),
         ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = [header, ""]
+    lines = [*map(_wrapped, header.splitlines()), ""]
     lines += [f"{a:<{widths[0]}}   {b:>{widths[1]}}   {c:>{widths[2]}}" for a, b, c in rows]
-    # The summaries name tensors from the checkpoint: escaped, so each stays one line.
-    if after.report is not None:
-        lines += ["", f"l2evict: {shown(after.report.summary(), 2000)}"]
-    if after.audit is not None:
-        lines.append(f"l2evict audit: {shown(after.audit.summary(), 2000)}")
+    # The plugin's report and audit are its own log lines (stderr): printing them here
+    # too would say each fact twice. The table says what only the host knows.
     if after.cute_guard_stand_in:
         lines.append(
-            "note: the CuTe DSL is not installed, so b12x's no-compilation guard ran with a "
-            "stand-in for b12x._lib.compiler (it refuses every CuTe compile); its Triton half "
-            "was b12x's own"
+            "\n".join(
+                textwrap.wrap(
+                    "note: the CuTe DSL is not installed, so b12x's no-compilation guard ran "
+                    "with a stand-in for b12x._lib.compiler (it refuses every CuTe compile); its "
+                    "Triton half was b12x's own",
+                    WIDTH,
+                )
+            )
         )
     return "\n".join(lines)
 
@@ -366,7 +414,7 @@ def _startup(args: argparse.Namespace) -> int:
         return 0
     what = shown(str(args.checkpoint)) if args.checkpoint else "embedded example"
     header = (
-        f"flare-l2evict startup: {what} on {device}; profile {profile.name} "
+        f"flare-l2evict startup: {what} on {device}\nprofile {profile.name} "
         f"({_size(before.memory_bytes)}, L2 {_size(before.l2_cache_bytes)}, "
         f"{profile.race_jobs} race jobs); {args.kv_bytes_per_token} bytes per KV token"
     )
@@ -413,44 +461,80 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps({**plan.as_dict(), "seconds": round(elapsed, 4)}, indent=2))
         return 0
     print(
-        f"flare-l2evict plan: {plan.tensors:,} tensors in {plan.files:,} files; TP{args.tp}; "
-        f"profile {profile.name} (L2 {_size(profile.l2_cache_bytes)}, "
-        f"{profile.race_jobs} race jobs); {args.kv_bytes_per_token} bytes per KV token"
+        f"flare-l2evict plan: {plan.tensors:,} tensors in {plan.files:,} "
+        f"file{'s' if plan.files != 1 else ''}, headers read in {elapsed:.2f} s; TP{args.tp}"
+    )
+    print(
+        f"profile {profile.name} (L2 {_size(profile.l2_cache_bytes)}, {profile.race_jobs} race "
+        f"jobs); {args.kv_bytes_per_token} bytes per KV token"
     )
     if plan.estimate:
-        print(plan.estimate)
-    rows = [("rank", "tensor", "storage", "window", "reclaimed", "KV tokens gained")]
-    for r in plan.ranks:
-        # Tensor names come from the files: escaped and cut, so a newline or a
-        # bidi override in one cannot break or disguise the table.
-        cell = shown(r.tensor, 80) if r.tensor else f"- ({shown(r.reason or '', 300)})"
-        if len(r.sources) > 1:
-            cell += f" +{len(r.sources) - 1} more"
-        rows.append(
-            (
-                str(r.rank),
-                cell,
-                _size(r.storage_bytes) if r.storage_bytes else "-",
-                _size(r.window_bytes),
-                f"{r.reclaimed_bytes:,}",
-                f"{r.kv_tokens_gained:,}",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+        print(_wrapped(plan.estimate))
     print()
-    for row in rows:
-        print(
-            "  ".join(
-                cell.ljust(w) if i < 2 else cell.rjust(w)
-                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
+    print(plan_table(plan))
     print()
     print(
         f"agreed across ranks (minimum): {plan.agreed_reclaimed_bytes:,} bytes = "
-        f"{plan.agreed_kv_tokens_gained:,} KV tokens per rank; headers read in {elapsed:.2f} s"
+        f"{plan.agreed_kv_tokens_gained:,} KV tokens per rank"
     )
     return 0
+
+
+WIDTH = 100
+"""Columns every line of a table the CLI prints fits in; detail goes under its row."""
+
+
+def _wrapped(text: str, indent: str = "") -> str:
+    return "\n".join(
+        textwrap.wrap(
+            text,
+            WIDTH,
+            initial_indent=indent,
+            subsequent_indent=indent + ("  " if indent else ""),
+            break_on_hyphens=False,
+        )
+    )
+
+
+def plan_table(plan: Plan) -> str:
+    """One row of figures per rank, each within :data:`WIDTH` columns, what it reads under it.
+
+    Tensor names come from the files: escaped and cut (:data:`NAME_LIMIT`), so a
+    newline or a bidi override in one cannot break or disguise the table, and
+    wrapped under the row with the reason a rank falls back.
+    """
+    from ._plan import NAME_LIMIT
+
+    header = ("rank", "storage", "window", "reclaimed B", "KV tokens gained")
+    rows = [
+        (
+            str(r.rank),
+            _size(r.storage_bytes) if r.storage_bytes else "-",
+            _size(r.window_bytes),
+            f"{r.reclaimed_bytes:,}",
+            f"{r.kv_tokens_gained:,}",
+        )
+        for r in plan.ranks
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+
+    def line(row: tuple[str, ...]) -> str:
+        return "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+
+    lines = [line(header)]
+    for r, row in zip(plan.ranks, rows, strict=True):
+        lines.append(line(row))
+        if r.tensor:
+            detail = f"reads {shown(r.tensor, NAME_LIMIT)}"
+            if len(r.sources) > 1:
+                detail += f" and {len(r.sources) - 1:,} more storages"
+        else:
+            detail = f"falls back: {shown(r.reason or '', 300)}"
+        lines.append(_wrapped(detail, "      "))
+    return "\n".join(lines)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -469,6 +553,7 @@ def _bench(args: argparse.Namespace) -> int:
         repetitions=args.repetitions,
         races=args.races,
         repeats=args.repeats,
+        sections=frozenset(args.only or BENCH_SECTIONS),
         log=lambda line: print(line, file=sys.stderr),
     )
     if args.json:
@@ -476,6 +561,27 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         print(f"full figures: {args.out / 'bench.json'}; plot: {result['plot'] or 'no matplotlib'}")
         print(summary_table(result))
+    return 0
+
+
+def _example(args: argparse.Namespace) -> int:
+    from .._window import stock_window_bytes
+    from ._example import write_example
+
+    if args.out.exists() and not args.out.is_dir():
+        raise L2EvictError(
+            f"--out {shown(str(args.out))}: not a directory; fix: name a new or existing directory"
+        )
+    profile = PROFILES[args.profile]
+    written = write_example(args.out, stock_window_bytes(profile.l2_cache_bytes))
+    print(
+        _wrapped(
+            f"wrote {len(written)} files to {shown(str(args.out))} (the embedded example for "
+            f"profile {profile.name}; checkpoints are sparse: zeros that take no disk): "
+            + ", ".join(path.name for path in written)
+        )
+    )
+    print(f"commands to try: {shown(str(args.out / 'COMMANDS.md'))}")
     return 0
 
 
@@ -507,9 +613,18 @@ def _error(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would blame the top-level parser; the command's --help lists its flags
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
-    commands = {"startup": _startup, "plan": _plan, "bench": _bench, "check": _check}
+    commands = {
+        "startup": _startup,
+        "plan": _plan,
+        "bench": _bench,
+        "check": _check,
+        "example": _example,
+    }
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return commands[args.command](args)

@@ -8,8 +8,10 @@ from typing import Any, NamedTuple
 
 from .._decision import Decision, Storages, decide
 from .._settings import L2EvictSettings
+from .._text import shown
 from .._window import stock_buffer_bytes
 from ._headers import TensorHeader
+from ._kv import kv_tokens
 
 _ALLOCATION = 512  # torch's CUDA allocator rounds every tensor it loads to this
 
@@ -40,7 +42,34 @@ class Plan:
     estimate: str | None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every figure, with tensor names cut as the table cuts them (:func:`cut_name`).
+
+        A 1,000,000-character name costs at most :data:`NAME_LIMIT` characters
+        wherever it appears; ``tensor_chars`` keeps its full length and
+        ``names_cut`` counts the names of the rank that were cut.
+        """
+        data = asdict(self)
+        for rank in data["ranks"]:
+            names = [rank["tensor"], *rank["sources"]]
+            rank["tensor_chars"] = None if rank["tensor"] is None else len(rank["tensor"])
+            rank["names_cut"] = sum(n is not None and len(n) > NAME_LIMIT for n in names)
+            rank["tensor"] = None if rank["tensor"] is None else cut_name(rank["tensor"])
+            rank["sources"] = [cut_name(name) for name in rank["sources"]]
+        data["name_limit"] = NAME_LIMIT
+        return data
+
+
+NAME_LIMIT = 80
+"""Characters of a tensor name ``plan`` prints, in its table and in its JSON."""
+
+
+def cut_name(name: str) -> str:
+    """``name`` whole up to :data:`NAME_LIMIT` characters, else cut as the table cuts it.
+
+    A cut name is the table's cell: hidden characters escaped, ending in
+    ``...[N chars]`` with N its full length.
+    """
+    return name if len(name) <= NAME_LIMIT else shown(name, NAME_LIMIT)
 
 
 class Shard(NamedTuple):
@@ -141,7 +170,9 @@ def plan_rank(
         sources=tuple(source.name for source in sources),
         window_bytes=decision.window_bytes,
         reclaimed_bytes=reclaimed,
-        kv_tokens_gained=None if kv_bytes_per_token is None else reclaimed // kv_bytes_per_token,
+        kv_tokens_gained=None
+        if kv_bytes_per_token is None
+        else kv_tokens(reclaimed, kv_bytes_per_token),
         reason=decision.credit.reason,
     )
 
@@ -177,7 +208,7 @@ def make_plan(
         agreed_reclaimed_bytes=agreed,
         agreed_kv_tokens_gained=None
         if kv_bytes_per_token is None
-        else agreed // kv_bytes_per_token,
+        else kv_tokens(agreed, kv_bytes_per_token),
         tensors=tensors,
         files=files,
         estimate=estimate,

@@ -14,6 +14,7 @@ import importlib
 import importlib.metadata
 import json
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,7 @@ def _races(
         calls_seen[0] += 1
 
     rows: list[dict[str, Any]] = []
+    began = time.perf_counter()
     with cute_guard() as stand_in:
         for m, n, k in SHAPES[:count]:
             calls = gemm_race(m, n, k, device)
@@ -207,26 +209,35 @@ def _races(
                 repeats_seen.append(latencies)
             rows.append({"shape": [m, n, k], "repeats": repeats_seen})
             winners = [",".join(f"{w}={_winner(r[w])}" for w in WAYS) for r in repeats_seen]
-            log(f"race {m}x{n}x{k}: winners " + " | ".join(winners))
+            log(
+                f"race {len(rows)}/{count} {m}x{n}x{k} ({time.perf_counter() - began:.1f} s): "
+                "winners " + " | ".join(winners)
+            )
             del calls
     summary = {}
     for way in WAYS[1:]:
         agree: list[int] = []
         regrets: list[float] = []
         ratios: list[float] = []
+        per_repeat: list[list[float]] = []
         for repeat in range(repeats):
             agreed = 0
+            these: list[float] = []
             for row in rows:
                 seen = row["repeats"][repeat]
                 base = seen["stock_a"]
                 chosen = _winner(seen[way])
                 agreed += chosen == _winner(base)
-                regrets.append(base[chosen] / min(base) - 1)
+                these.append(base[chosen] / min(base) - 1)
                 # What eviction is for: without it the winner's latency is measured warm.
                 ratios.append(min(seen[way]) / min(base))
             agree.append(agreed)
+            regrets += these
+            per_repeat.append(these)
         summary[way] = {
             "agree_with_stock_per_repeat": agree,
+            "mean_regret_per_repeat": [statistics.fmean(r) for r in per_repeat],
+            "max_regret_per_repeat": [max(r) for r in per_repeat],
             "mean_regret": statistics.fmean(regrets),
             "max_regret": max(regrets),
             "mean_best_latency_ratio": statistics.fmean(ratios),
@@ -296,6 +307,10 @@ def _cost(device: torch.device, weights: torch.Tensor, window: int, repeats: int
     }
 
 
+SECTIONS = ("memory", "cost", "coldness", "races", "hook")
+"""What ``--only`` picks from; BENCHMARKS.md numbers them 1, 3, 2 and 5, 4 and 7, 6."""
+
+
 def run_bench(
     device: torch.device,
     out_dir: Path,
@@ -304,9 +319,17 @@ def run_bench(
     rounds: int = 4,
     races: int = 36,
     repeats: int = 3,
+    sections: frozenset[str] = frozenset(SECTIONS),
     log: Any = print,
 ) -> dict[str, Any]:
-    """Run every section; write ``bench.json`` (and ``efficacy.png`` with matplotlib)."""
+    """Run ``sections`` (default all); write ``bench.json`` (and ``efficacy.png`` with matplotlib).
+
+    Each section's wall time is logged when it ends and kept in ``seconds``,
+    so a later run can be sized from this one's log.
+    """
+    unknown = sections - set(SECTIONS)
+    if unknown or not sections:
+        raise ValueError(f"bench sections {sorted(unknown)}: pick from {', '.join(SECTIONS)}")
     measurement = importlib.import_module("b12x.preparation._measurement")
     properties = torch.cuda.get_device_properties(device)
     l2 = int(properties.L2_cache_size)
@@ -319,58 +342,90 @@ def run_bench(
         "b12x": importlib.metadata.version("b12x") if _has_dist("b12x") else "bundled",
         "stock_window_bytes": window,
         "repeats": repeats,
+        "sections": [name for name in SECTIONS if name in sections],
+        "seconds": {},
     }
-    log(f"bench on {properties.name}: L2 {l2 / MiB:.0f} MiB, stock window {window / MiB:.0f} MiB")
+    log(
+        f"bench on {properties.name}: L2 {l2 / MiB:.0f} MiB, stock window {window / MiB:.0f} MiB; "
+        f"sections {', '.join(result['sections'])}"
+    )
+    began = time.perf_counter()
+
+    def done(name: str, started: float) -> None:
+        result["seconds"][name] = round(time.perf_counter() - started, 1)
+        log(
+            f"{name} done in {result['seconds'][name]:.1f} s "
+            f"({time.perf_counter() - began:.1f} s since the bench began)"
+        )
 
     # 1. Memory per race job, through b12x's own function with and without the plugin.
-    result["memory"] = {
-        "stock": _allocated(lambda: measurement._l2_flush_fn(device, enabled=True), device)
-    }
-    install(_choice_at(weights, window), kernel="triton")
-    try:
-        result["memory"]["plugin"] = _allocated(
-            lambda: measurement._l2_flush_fn(device, enabled=True), device
-        )
-    finally:
-        restore()
+    if "memory" in sections:
+        started = time.perf_counter()
+        result["memory"] = {
+            "stock": _allocated(lambda: measurement._l2_flush_fn(device, enabled=True), device)
+        }
+        install(_choice_at(weights, window), kernel="triton")
+        try:
+            result["memory"]["plugin"] = _allocated(
+                lambda: measurement._l2_flush_fn(device, enabled=True), device
+            )
+        finally:
+            restore()
+        done("memory", started)
 
     # 3. Cost at the default window against the HBM read floor measured here.
-    result["cost"] = _cost(device, weights, window, repeats)
-    log("cost done")
+    if "cost" in sections:
+        started = time.perf_counter()
+        result["cost"] = _cost(device, weights, window, repeats)
+        done("cost", started)
 
     # 2 and 5. Coldness in fresh processes (timed, then counted by ncu); right-sized window.
-    result["coldness"] = _coldness_section(
-        out_dir, processes=max(3, repeats), repeats=repeats, repetitions=repetitions,
-        rounds=rounds, log=log,
-    )  # fmt: skip
-    factor = _calibrated_factor(result["coldness"])
-    result["calibrated"] = {
-        "factor": factor,
-        "window_bytes": None if factor is None else int(l2 * factor) // 4 * 4,
-    }
+    if "coldness" in sections:
+        started = time.perf_counter()
+        result["coldness"] = _coldness_section(
+            out_dir, processes=max(3, repeats), repeats=repeats, repetitions=repetitions,
+            rounds=rounds, log=log,
+        )  # fmt: skip
+        factor = _calibrated_factor(result["coldness"])
+        result["calibrated"] = {
+            "factor": factor,
+            "window_bytes": None if factor is None else int(l2 * factor) // 4 * 4,
+        }
+        done("coldness", started)
 
     # 4. Race agreement: stock, plugin, no eviction, stock again; repeated, rotated.
-    result["races"] = _races(device, weights, window, races, repeats, log)
+    if "races" in sections:
+        started = time.perf_counter()
+        result["races"] = _races(device, weights, window, races, repeats, log)
+        done("races", started)
 
     # 7. Start-up cost: evictions of one race session times each's per-call time.
-    calls = result["races"]["evictions_per_session"]
-    us = result["cost"]["us"]
-    result["startup_cost_ms"] = {
-        "evictions": calls,
-        "stock": calls * us["stock"]["median"] / 1e3,
-        "plugin": calls * us["plugin"]["median"] / 1e3,
-    }
+    if "races" in result and "cost" in result:
+        calls = result["races"]["evictions_per_session"]
+        us = result["cost"]["us"]
+        result["startup_cost_ms"] = {
+            "evictions": calls,
+            "stock": calls * us["stock"]["median"] / 1e3,
+            "plugin": calls * us["plugin"]["median"] / 1e3,
+        }
 
     # 6. Hook cost: the source choice (CPU), then the whole hook and Triton's own start,
     # each in fresh processes.
-    result["hook_cost"] = first_call_times(processes=max(3, repeats))
-    ordinal = device.index if device.index is not None else torch.cuda.current_device()
-    result["hook_times"] = hook_times(f"cuda:{ordinal}", samples=max(3, repeats), log=log)
-    result["triton_start"] = triton_start_times(samples=max(3, repeats), log=log)
+    if "hook" in sections:
+        started = time.perf_counter()
+        result["hook_cost"] = first_call_times(processes=max(3, repeats))
+        ordinal = device.index if device.index is not None else torch.cuda.current_device()
+        result["hook_times"] = hook_times(f"cuda:{ordinal}", samples=max(3, repeats), log=log)
+        result["triton_start"] = triton_start_times(samples=max(3, repeats), log=log)
+        done("hook", started)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.json").write_text(json.dumps(result, indent=2, default=str))
-    result["plot"] = _plot(result["coldness"], l2, window / l2, out_dir / "efficacy.png")
+    result["plot"] = (
+        _plot(result["coldness"], l2, window / l2, out_dir / "efficacy.png")
+        if "coldness" in result
+        else None
+    )
     return result
 
 
@@ -432,17 +487,89 @@ def _shown(figure: dict[str, Any], digits: int = 3) -> str:
 
 
 def summary_table(result: dict[str, Any]) -> str:
-    """The short table printed last: medians with [min-max] over the run's repeats."""
-    mem, cost, races = result["memory"], result["cost"], result["races"]
+    """The short table printed last: medians with [min-max] over the run's repeats.
+
+    Only the sections the run measured appear (``--only``); the races give
+    each repeat's figures, not only their spread.
+    """
     repeats = result["repeats"]
     lines = [
         f"bench: {result['gpu']}, L2 {result['l2_bytes'] / MiB:.0f} MiB, torch {result['torch']}, "
-        f"b12x {result['b12x']}; figures: median [min-max] over {repeats} interleaved repeats",
-        f"1 memory per race job (held/peak B): stock {mem['stock']['held_bytes']:,}/"
-        f"{mem['stock']['peak_bytes']:,}  plugin {mem['plugin']['held_bytes']:,}/"
-        f"{mem['plugin']['peak_bytes']:,}",
+        f"b12x {result['b12x']}; figures: median [min-max] over {repeats} interleaved repeats"
     ]
-    lines += coldness_lines(result["coldness"])
+    if "memory" in result:
+        mem = result["memory"]
+        lines.append(
+            f"1 memory per race job (held/peak B): stock {mem['stock']['held_bytes']:,}/"
+            f"{mem['stock']['peak_bytes']:,}  plugin {mem['plugin']['held_bytes']:,}/"
+            f"{mem['plugin']['peak_bytes']:,}"
+        )
+    if "coldness" in result:
+        lines += coldness_lines(result["coldness"])
+    if "cost" in result:
+        lines += _cost_lines(result["cost"])
+    if "races" in result:
+        lines += race_lines(result["races"])
+    if "calibrated" in result:
+        calibrated = result["calibrated"]
+        if calibrated["factor"]:
+            lines.append(
+                f"5 smallest window as cold as stock's default (within spread): "
+                f"{calibrated['factor']} x L2 = {calibrated['window_bytes']:,} B"
+            )
+        else:
+            lines.append("5 no window of the grid is as cold as stock's default within the spread")
+    for row in result.get("hook_cost", []):
+        kind = "fused blocks" if row["largest_is_fused_views"] else "one block"
+        lines.append(
+            f"6 source choice (CPU) {row['tensors']:>7,} tensors ({kind}): first call "
+            f"{row['first_median_ms']:.1f} ms [{min(row['first_ms']):.1f}-"
+            f"{max(row['first_ms']):.1f}] in fresh processes, warm {row['warm_median_ms']:.1f} ms"
+        )
+    lines += [f"6 hook {line}" for line in hook_lines(result.get("hook_times", []))]
+    lines += [f"6 {line}" for line in triton_lines(result.get("triton_start", []))]
+    if "startup_cost_ms" in result:
+        startup = result["startup_cost_ms"]
+        lines.append(
+            f"7 start-up eviction time over {startup['evictions']:,} evictions: "
+            f"stock {startup['stock']:.1f} ms, plugin {startup['plugin']:.1f} ms"
+        )
+    if result.get("seconds"):
+        lines.append(
+            "wall time (s): "
+            + ", ".join(f"{name} {seconds:.1f}" for name, seconds in result["seconds"].items())
+        )
+    return "\n".join(lines)
+
+
+def race_lines(races: dict[str, Any]) -> list[str]:
+    """Section 4: per way, stock's winner picked and the regret, in every repeat."""
+    count = len(races["races"])
+    names = {"plugin": "plugin", "stock_b": "stock re-run", "none": "no eviction"}
+    lines = []
+    for way, figures in races["summary"].items():
+        agree = ", ".join(str(a) for a in figures["agree_with_stock_per_repeat"])
+        means = figures.get("mean_regret_per_repeat")
+        per_repeat = " (per repeat " + ", ".join(f"{m:.2%}" for m in means) + ")" if means else ""
+        lines.append(
+            f"4 races ({count}) {names[way]:>12}: picks stock's winner in {agree} of {count}; "
+            f"regret mean {figures['mean_regret']:.2%}{per_repeat} max "
+            f"{figures['max_regret']:.2%}; winner latency vs stock mean "
+            f"{figures['mean_best_latency_ratio'] - 1:+.1%} "
+            f"min {figures['min_best_latency_ratio'] - 1:+.1%}"
+        )
+    if "cute_guard_stand_in" in races:
+        guard = (
+            "b12x's no_compilation() with b12x._lib.compiler stood in (no CuTe DSL)"
+            if races["cute_guard_stand_in"]
+            else "b12x's no_compilation(), unchanged"
+        )
+        lines.append(f"4 races ran under {guard}")
+    return lines
+
+
+def _cost_lines(cost: dict[str, Any]) -> list[str]:
+    lines = []
     us, over = cost["us"], cost["over_floor"]
     lines.append(
         f"3 eviction per sample (us): floor {_shown(us['floor'], 1)} "
@@ -473,39 +600,7 @@ def summary_table(result: dict[str, Any]) -> str:
             f"{_shown(figure['limit_us'], 1)} us (one launch over 1 MiB "
             f"{_shown(us[launches[name]], 1)} us): excess {_shown(excess, 1)} us, {where}"
         )
-    count = len(races["races"])
-    names = {"plugin": "plugin", "stock_b": "stock re-run", "none": "no eviction"}
-    for way, figures in races["summary"].items():
-        agree = ", ".join(str(a) for a in figures["agree_with_stock_per_repeat"])
-        lines.append(
-            f"4 races ({count}) {names[way]:>12}: picks stock's winner in {agree} of {count}; "
-            f"regret mean {figures['mean_regret']:.2%} max {figures['max_regret']:.2%}; "
-            f"winner latency vs stock mean {figures['mean_best_latency_ratio'] - 1:+.1%} "
-            f"min {figures['min_best_latency_ratio'] - 1:+.1%}"
-        )
-    calibrated = result["calibrated"]
-    if calibrated["factor"]:
-        lines.append(
-            f"5 smallest window as cold as stock's default (within spread): "
-            f"{calibrated['factor']} x L2 = {calibrated['window_bytes']:,} B"
-        )
-    else:
-        lines.append("5 no window of the grid is as cold as stock's default within the spread")
-    for row in result["hook_cost"]:
-        kind = "fused blocks" if row["largest_is_fused_views"] else "one block"
-        lines.append(
-            f"6 source choice (CPU) {row['tensors']:>7,} tensors ({kind}): first call "
-            f"{row['first_median_ms']:.1f} ms [{min(row['first_ms']):.1f}-"
-            f"{max(row['first_ms']):.1f}] in fresh processes, warm {row['warm_median_ms']:.1f} ms"
-        )
-    lines += [f"6 hook {line}" for line in hook_lines(result.get("hook_times", []))]
-    lines += [f"6 {line}" for line in triton_lines(result.get("triton_start", []))]
-    startup = result["startup_cost_ms"]
-    lines.append(
-        f"7 start-up eviction time over {startup['evictions']:,} evictions: "
-        f"stock {startup['stock']:.1f} ms, plugin {startup['plugin']:.1f} ms"
-    )
-    return "\n".join(lines)
+    return lines
 
 
 def coldness_lines(coldness: dict[str, Any]) -> list[str]:

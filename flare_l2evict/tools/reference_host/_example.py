@@ -11,54 +11,86 @@ _LAYERS = 4
 _EXPERTS = 16
 
 
-def example_tensors(window_bytes: int) -> dict[str, torch.Tensor]:
-    """DeepSeek-style names; one fused expert block a little larger than ``window_bytes``.
+Spec = tuple[str, str, tuple[int, ...]]
+"""One tensor of a checkpoint written from headers alone: name, safetensors dtype, shape."""
 
-    Values are irrelevant (zeros): the plugin only reads them to displace L2.
+_WIDTHS = {"BF16": 2, "F8_E4M3": 1, "F32": 4}
+
+
+def example_specs(window_bytes: int) -> list[Spec]:
+    """The embedded example's tensors: DeepSeek-style names, all BF16.
+
+    One fused expert block (the last MoE layer's ``w13_weight``) is a little
+    larger than ``window_bytes``: that is the storage the plugin reads.
     """
-    tensors: dict[str, torch.Tensor] = {
-        "model.embed_tokens.weight": torch.zeros(4096, _HIDDEN, dtype=torch.bfloat16),
-        "model.norm.weight": torch.zeros(_HIDDEN, dtype=torch.bfloat16),
-        "lm_head.weight": torch.zeros(4096, _HIDDEN, dtype=torch.bfloat16),
-    }
-    # The fused w13 block of the last MoE layer is the big storage.
+    specs: list[Spec] = [
+        ("model.embed_tokens.weight", "BF16", (4096, _HIDDEN)),
+        ("model.norm.weight", "BF16", (_HIDDEN,)),
+        ("lm_head.weight", "BF16", (4096, _HIDDEN)),
+    ]
     fused_elements = (window_bytes * 9 // 8) // 2
     inter = max(1, fused_elements // (_EXPERTS * _HIDDEN * 2))
     for layer in range(_LAYERS):
         prefix = f"model.layers.{layer}"
-        tensors[f"{prefix}.input_layernorm.weight"] = torch.zeros(_HIDDEN, dtype=torch.bfloat16)
-        tensors[f"{prefix}.post_attention_layernorm.weight"] = torch.zeros(
-            _HIDDEN, dtype=torch.bfloat16
-        )
+        specs.append((f"{prefix}.input_layernorm.weight", "BF16", (_HIDDEN,)))
+        specs.append((f"{prefix}.post_attention_layernorm.weight", "BF16", (_HIDDEN,)))
         for proj, rows in (("q_a_proj", 512), ("kv_a_proj_with_mqa", 576), ("o_proj", _HIDDEN)):
-            tensors[f"{prefix}.self_attn.{proj}.weight"] = torch.zeros(
-                rows, _HIDDEN, dtype=torch.bfloat16
-            )
-        tensors[f"{prefix}.mlp.gate.weight"] = torch.zeros(_EXPERTS, _HIDDEN, dtype=torch.bfloat16)
+            specs.append((f"{prefix}.self_attn.{proj}.weight", "BF16", (rows, _HIDDEN)))
+        specs.append((f"{prefix}.mlp.gate.weight", "BF16", (_EXPERTS, _HIDDEN)))
         if layer == _LAYERS - 1:
-            tensors[f"{prefix}.mlp.experts.w13_weight"] = torch.zeros(
-                _EXPERTS, 2 * inter, _HIDDEN, dtype=torch.bfloat16
-            )
+            fused = (_EXPERTS, 2 * inter, _HIDDEN)
+            specs.append((f"{prefix}.mlp.experts.w13_weight", "BF16", fused))
         for expert in range(_EXPERTS if layer < _LAYERS - 1 else 0):
             for proj, shape in (("gate_proj", (64, _HIDDEN)), ("down_proj", (_HIDDEN, 64))):
-                tensors[f"{prefix}.mlp.experts.{expert}.{proj}.weight"] = torch.zeros(
-                    *shape, dtype=torch.bfloat16
-                )
-    return tensors
+                specs.append((f"{prefix}.mlp.experts.{expert}.{proj}.weight", "BF16", shape))
+    return specs
+
+
+def example_tensors(window_bytes: int) -> dict[str, torch.Tensor]:
+    """The embedded example in memory; values are irrelevant (zeros): the plugin only reads them."""
+    return {
+        name: torch.zeros(*shape, dtype=torch.bfloat16)
+        for name, _, shape in example_specs(window_bytes)
+    }
+
+
+def write_headers(path: str | Path, specs: list[Spec]) -> Path:
+    """Write a safetensors file of zeros from ``specs``, its data region left as a sparse hole.
+
+    The file is what ``save_file`` of zero tensors gives (a valid header, the
+    tensors in order, every value 0) without writing the zeros: a hole reads as
+    zeros, so a 300 MiB example costs no disk on file systems with holes.
+    """
+    import json
+    import math
+
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, dtype, shape in specs:
+        nbytes = math.prod(shape) * _WIDTHS[dtype]
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path = Path(path)
+    with path.open("wb") as handle:
+        handle.write(len(raw).to_bytes(8, "little") + raw)
+        handle.truncate(8 + len(raw) + offset)
+    return path
 
 
 def write_example_checkpoint(directory: str | Path, window_bytes: int) -> Path:
     """Write the embedded example to ``directory/model.safetensors`` and return its path."""
-    from safetensors.torch import save_file
-
-    path = Path(directory) / "model.safetensors"
-    save_file(example_tensors(window_bytes), str(path), metadata={"format": "pt"})
-    return path
+    return write_headers(Path(directory) / "model.safetensors", example_specs(window_bytes))
 
 
-def _deepseek_class_tensors(layers: int, experts: int) -> list[tuple[str, str, tuple[int, ...]]]:
+def _deepseek_class_tensors(layers: int, experts: int) -> list[Spec]:
     hidden, inter, vocab, q_rank, kv_rank = 7168, 2048, 129280, 1536, 512
-    tensors: list[tuple[str, str, tuple[int, ...]]] = [
+    tensors: list[Spec] = [
         ("model.embed_tokens.weight", "BF16", (vocab, hidden)),
         ("model.norm.weight", "BF16", (hidden,)),
         ("lm_head.weight", "BF16", (vocab, hidden)),
@@ -103,7 +135,6 @@ def write_sparse_index(
     import json
     import math
 
-    widths = {"BF16": 2, "F8_E4M3": 1, "F32": 4}
     directory = Path(directory)
     tensors = _deepseek_class_tensors(layers, experts)
     per_file = math.ceil(len(tensors) / files)
@@ -111,22 +142,8 @@ def write_sparse_index(
     for index in range(files):
         chunk = tensors[index * per_file : (index + 1) * per_file]
         name = f"model-{index + 1:05d}-of-{files:05d}.safetensors"
-        header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-        offset = 0
-        for tensor, dtype, shape in chunk:
-            nbytes = math.prod(shape) * widths[dtype]
-            header[tensor] = {
-                "dtype": dtype,
-                "shape": list(shape),
-                "data_offsets": [offset, offset + nbytes],
-            }
-            offset += nbytes
-            weight_map[tensor] = name
-        raw = json.dumps(header).encode()
-        raw += b" " * (-len(raw) % 8)
-        with (directory / name).open("wb") as handle:
-            handle.write(len(raw).to_bytes(8, "little") + raw)
-            handle.truncate(8 + len(raw) + offset)
+        write_headers(directory / name, chunk)
+        weight_map |= dict.fromkeys((tensor for tensor, _, _ in chunk), name)
     index_path = directory / "model.safetensors.index.json"
     index_path.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return index_path

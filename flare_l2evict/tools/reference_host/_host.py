@@ -25,6 +25,7 @@ from ..._markers import ENTRY_POINT_GROUP, PROJECT_NAME
 from ..._report import ReclaimReport, StartupAudit
 from ..._window import stock_buffer_bytes
 from ...hookspecs import FlareStartupSpec
+from .._kv import kv_tokens
 from .._profiles import DeviceProfile
 from ._checkpoint import load_checkpoint
 
@@ -32,7 +33,12 @@ log = logging.getLogger("flare_l2evict.tools.reference_host")
 
 
 class ReferenceKVAllocator:
-    """Budget = device memory - loaded - eviction reserve + reclaimed; tokens = budget // B."""
+    """Budget = device memory - loaded - eviction reserve + reclaimed.
+
+    Tokens: the whole tokens of the budget without the credit, plus the whole
+    tokens of the credit (:func:`~flare_l2evict.tools._kv.kv_tokens` of each),
+    so the credit adds exactly what ``plan`` says it gains.
+    """
 
     def __init__(self, bytes_per_token: int) -> None:
         if bytes_per_token <= 0:
@@ -47,6 +53,15 @@ class ReferenceKVAllocator:
 
     def budget(self, memory_bytes: int, loaded_bytes: int, reserve_bytes: int) -> int:
         return max(0, memory_bytes - loaded_bytes - reserve_bytes + self.reclaimed_bytes)
+
+    def tokens(self, memory_bytes: int, loaded_bytes: int, reserve_bytes: int) -> int:
+        """KV tokens of :meth:`budget`: own budget's whole tokens plus the credit's."""
+        own = memory_bytes - loaded_bytes - reserve_bytes
+        if own < 0:  # the credit first pays off what the checkpoint overran
+            return kv_tokens(own + self.reclaimed_bytes, self.bytes_per_token)
+        return kv_tokens(own, self.bytes_per_token) + kv_tokens(
+            self.reclaimed_bytes, self.bytes_per_token
+        )
 
 
 @dataclass
@@ -233,7 +248,7 @@ class ReferenceHost:
             eviction_measured=jobs.measured,
             reclaimed_bytes=allocator.reclaimed_bytes,
             kv_budget_bytes=budget,
-            kv_tokens=budget // self.kv_bytes_per_token,
+            kv_tokens=allocator.tokens(memory, loaded, reserve),
             report=report,
             job_evictions=jobs.evictions,
             race_winners=jobs.winners,

@@ -1,0 +1,133 @@
+"""``flare-l2evict example --out DIR``: files to try every README command on.
+
+The embedded example checkpoint three ways (one file; an index and two
+shards; one file per tensor-parallel rank), the README's deployment config in
+TOML, YAML and JSON, and ``COMMANDS.md``, the commands to try on them.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import textwrap
+from pathlib import Path
+
+CONFIG_TOML = """\
+[plugins.l2evict]
+enabled = true                      # false: installed but inactive
+window = "stock"                    # bytes read per eviction: "stock" = max(2 x L2, 64 MiB),
+                                    # or a byte count / size such as "256MiB"
+exclude = ["*.embed_tokens.*"]      # tensor-name globs never to read
+on_error = "fallback"               # or "raise": abort start-up instead of falling back
+"""
+"""The README's config section, word for word (a test holds the two equal)."""
+
+CONFIG = {
+    "plugins": {
+        "l2evict": {
+            "enabled": True,
+            "window": "stock",
+            "exclude": ["*.embed_tokens.*"],
+            "on_error": "fallback",
+        }
+    }
+}
+"""The same section as data: what ``deploy.yaml`` and ``deploy.json`` hold."""
+
+CONFIG_YAML = """\
+plugins:
+  l2evict:
+    enabled: true
+    window: stock
+    exclude: ["*.embed_tokens.*"]
+    on_error: fallback
+"""
+
+RANKS = 2
+"""Ranks of the per-rank files: the example split as ``plan --tp 2`` estimates it."""
+
+
+TRY: tuple[tuple[str, str], ...] = (
+    (
+        "Start-up on the single file, without and with the plugin, with a config:",
+        "startup {dir}/model.safetensors --plugin l2evict --config {dir}/deploy.json",
+    ),
+    (
+        "Preflight on this machine (exit 0: it would install; 1: it would fall back):",
+        "check {dir}/model.safetensors --config {dir}/deploy.toml",
+    ),
+    (
+        "Plan from headers alone, on the index and its two shards:",
+        "plan {dir}/model.safetensors.index.json",
+    ),
+    (
+        "On the per-rank files: each rank's shard is short of gb202's 256 MiB window, so "
+        "each says why and the ranks agree on 0:",
+        "plan {dir}/rank0.safetensors {dir}/rank1.safetensors --tp 2 --per-rank",
+    ),
+    (
+        "An even TP2 split of the single file (an estimate), where a 16 MiB L2 makes the "
+        "window fit:",
+        "plan {dir}/model.safetensors --tp 2 --l2-mib 16",
+    ),
+)
+"""What ``COMMANDS.md`` suggests: why, and the command with ``{dir}`` for the directory."""
+
+
+def commands_note(out: str) -> str:
+    """``COMMANDS.md``: the commands of :data:`TRY` on the directory as the user named it."""
+    where = shlex.quote(out.rstrip("/") or "/")
+    lines = [
+        "# Commands to try on these files",
+        "",
+        f"Written by `flare-l2evict example --out {where}`. Run them from the directory",
+        "you ran that in. A command's table goes to stdout; the plugin's own lines (the",
+        "credit, the audit) go to the log, on stderr.",
+    ]
+    for why, command in TRY:
+        lines += ["", *textwrap.wrap(why, 80), "", "    flare-l2evict " + command.format(dir=where)]
+    lines += [
+        "",
+        "`deploy.toml`, `deploy.yaml` and `deploy.json` hold the same settings (YAML needs",
+        "`pip install pyyaml`).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_example(out: Path, window_bytes: int, *, shown_as: str | None = None) -> list[Path]:
+    """Write every example file into ``out`` (made if missing) and return their paths.
+
+    Only the files named here are written; others in ``out`` are left alone.
+    ``shown_as`` is how ``COMMANDS.md`` names the directory (default: ``out``).
+    """
+    from .reference_host._example import example_specs, write_headers
+
+    out.mkdir(parents=True, exist_ok=True)
+    specs = example_specs(window_bytes)
+    written = [write_headers(out / "model.safetensors", specs)]
+    half = (len(specs) + 1) // 2
+    weight_map: dict[str, str] = {}
+    for number, chunk in enumerate((specs[:half], specs[half:]), 1):
+        name = f"model-{number:05d}-of-00002.safetensors"
+        written.append(write_headers(out / name, chunk))
+        weight_map |= dict.fromkeys((tensor for tensor, _, _ in chunk), name)
+    index = out / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1) + "\n")
+    written.append(index)
+    # Each rank's shard as plan's even-split estimate makes it: dim 0 halved where it
+    # divides by the rank count, the tensor replicated otherwise.
+    shard = [
+        (name, dtype, (shape[0] // RANKS, *shape[1:]) if shape[0] % RANKS == 0 else shape)
+        for name, dtype, shape in specs
+    ]
+    written += [write_headers(out / f"rank{rank}.safetensors", shard) for rank in range(RANKS)]
+    for name, text in (
+        ("deploy.toml", CONFIG_TOML),
+        ("deploy.yaml", CONFIG_YAML),
+        ("deploy.json", json.dumps(CONFIG, indent=2) + "\n"),
+        ("COMMANDS.md", commands_note(shown_as or str(out))),
+    ):
+        (out / name).write_text(text, encoding="utf-8")
+        written.append(out / name)
+    return written
