@@ -7,14 +7,16 @@ Fenced blocks are read by their info string:
 - ``bash``: each line a command, run through the CLI (``# exit N`` after a
   command says the exit code it must give; a ``pip install ... &&`` prefix is
   CI's install step, ``.ci/run`` itself);
-- ``bash gpu``: the same, on a CUDA machine only (the GPU suite runs them);
+- ``bash setup``: shell set-up (a virtual environment, a wheel), not run here;
+- ``bash gpu``: the same as ``bash``, on a CUDA machine only (the GPU suite runs them);
 - ``bash host``: flare's own commands, not run here;
-- ``text output`` / ``text log``: lines the README's setup command must print
-  on stdout / in its log.
+- ``text output``: lines the last command of the ``bash`` block before it
+  prints on stdout;
+- ``text log``: lines the README's setup command prints in its log (stderr).
 
-Commands run in a directory holding the files they name: the embedded example
-as ``model.safetensors``, the README's own config as ``deploy.toml``, a sparse
-sharded checkpoint with its index, and two per-rank files.
+Commands run in an empty directory where the README's own
+``flare-l2evict example --out example`` ran first: every file they name is
+one that command wrote.
 """
 
 from __future__ import annotations
@@ -28,12 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 from flare_l2evict import settings_from_config
-from flare_l2evict._units import MiB
 from flare_l2evict.tools._cli import main
-from flare_l2evict.tools.reference_host import write_example_checkpoint, write_sparse_index
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CI = Path(__file__).resolve().parents[1] / ".ci" / "run"
@@ -85,18 +84,19 @@ def cpu_commands() -> list[Command]:
     return [command for block in blocks("bash") for command in commands(block)]
 
 
+def example_command() -> Command:
+    (command,) = [c for c in cpu_commands() if c.argv[:2] == ["flare-l2evict", "example"]]
+    return command
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The files the README's commands name."""
-    from safetensors.torch import save_file
-
+    """An empty directory where the README's ``example --out`` command ran."""
     where = tmp_path_factory.mktemp("readme")
-    write_example_checkpoint(where, 256 * MiB)
-    (toml,) = blocks("toml")
-    (where / "deploy.toml").write_text(toml.text)
-    write_sparse_index(where, files=4, layers=4, experts=8)
-    for rank in range(2):
-        save_file({f"w.rank{rank}": torch.zeros(17 * MiB)}, str(where / f"rank{rank}.safetensors"))
+    command = example_command()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(where)
+        assert main(command.argv[1:]) == 0, command.where
     return where
 
 
@@ -105,7 +105,11 @@ def run(command: Command, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> int
     if command.argv[:3] == ["python", "-m", "pytest"]:
         return 0  # this very run; that CI runs it is checked below
     assert command.argv[0] == "flare-l2evict", f"{command.where}: not a CLI command"
-    return main(command.argv[1:])
+    try:
+        return main(command.argv[1:])
+    except SystemExit as exited:  # a usage error: argparse exits, as the console script does
+        assert isinstance(exited.code, int)
+        return exited.code
 
 
 @pytest.mark.parametrize("command", cpu_commands(), ids=lambda c: " ".join(c.argv)[:60])
@@ -127,31 +131,154 @@ def test_every_gpu_command_in_the_readme_runs(
     assert run(command, workdir, monkeypatch) == command.exit_code, command.where
 
 
+def test_the_example_is_written_before_any_command_names_its_files() -> None:
+    commands = cpu_commands()
+    first = commands.index(example_command())
+    out = example_command().argv[example_command().argv.index("--out") + 1]
+    for command in commands[:first]:
+        assert not any(arg.startswith(f"{out}/") for arg in command.argv), command.where
+    named = [c for c in commands if any(arg.startswith(f"{out}/") for arg in c.argv)]
+    assert {c.argv[1] for c in named} == {"check", "plan", "startup"}
+
+
+def test_every_file_a_command_names_was_written_by_the_example(workdir: Path) -> None:
+    for block in (*blocks("bash"), *blocks("bash", "gpu")):
+        for command in commands(block):
+            for arg in command.argv:
+                if arg.endswith((".safetensors", ".json", ".toml", ".yaml")):
+                    assert (workdir / arg).is_file(), f"{command.where}: {arg}"
+
+
+def test_commands_md_suggests_only_commands_the_readme_runs(workdir: Path) -> None:
+    note = (workdir / "example" / "COMMANDS.md").read_text()
+    suggested = [line.strip() for line in note.splitlines() if line.startswith("    flare-l2evict")]
+    shown = {" ".join(c.argv) for c in cpu_commands()}
+    assert suggested and set(suggested) <= shown, set(suggested) - shown
+
+
+def test_the_example_configs_are_the_readme_config(workdir: Path) -> None:
+    import json
+
+    import tomllib
+    import yaml
+
+    (toml,) = blocks("toml")
+    assert (workdir / "example" / "deploy.toml").read_text() == toml.text
+    expected = tomllib.loads(toml.text)
+    assert json.loads((workdir / "example" / "deploy.json").read_text()) == expected
+    assert yaml.safe_load((workdir / "example" / "deploy.yaml").read_text()) == expected
+
+
 def test_the_two_setup_commands_are_what_ci_runs() -> None:
     setup = [b.text.strip() for b in blocks("bash") if b.text.strip().startswith("pip install")]
     assert setup == [
         "pip install torch==2.13.0 -e . && flare-l2evict startup --plugin l2evict",
         "pip install torch==2.13.0 -e '.[test]' && python -m pytest",
     ]
+    (venv, _wheel) = blocks("bash", "setup")
+    assert venv.text.startswith("python3 -m venv .venv")
     ci = CI.read_text()
+    assert "python3 -m venv" in ci
     assert "pip install --quiet torch==2.13.0" in ci
     assert "pip install --quiet -e '.[test]'" in ci
     assert "\npython -m pytest\n" in ci
 
 
-def test_the_shown_output_and_log_lines_are_what_the_setup_command_prints() -> None:
-    done = subprocess.run(
+def _demo() -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "flare_l2evict", "startup", "--plugin", "l2evict"],
         capture_output=True,
         text=True,
         check=True,
     )
-    for block in blocks("text", "output"):
-        for line in block.text.splitlines():
-            assert line in done.stdout.splitlines(), f"README:{block.line}: {line!r}"
-    for block in blocks("text", "log"):
+
+
+def test_the_setup_command_prints_its_log_lines_and_each_fact_once_per_stream() -> None:
+    done = _demo()
+    logs = [block for block in blocks("text", "log")]
+    assert logs
+    for block in logs:
         for line in block.text.splitlines():
             assert line in done.stderr.splitlines(), f"README:{block.line}: {line!r}"
+    # The plugin's sentences are the log's: the table on stdout does not repeat them.
+    assert "flare_l2evict: reclaimed" in done.stderr and "audit: credited" in done.stderr
+    assert "reclaimed 1," not in done.stdout and "audit" not in done.stdout
+    assert all(len(line) <= 100 for line in done.stdout.splitlines())
+
+
+def _output_blocks() -> list[tuple[Block, Command]]:
+    """Each ``text output`` block with the command whose stdout it shows."""
+    text = README.read_text(encoding="utf-8")
+    found = [
+        (
+            m.start(),
+            Block(m.group(1), m.group(2) or "", m.group(3), text.count("\n", 0, m.start()) + 1),
+        )
+        for m in _FENCE.finditer(text)
+    ]
+    pairs = []
+    for index, (_, block) in enumerate(found):
+        if (block.language, block.tag) != ("text", "output"):
+            continue
+        before = [b for _, b in found[:index] if (b.language, b.tag) == ("bash", "")]
+        assert before, f"README:{block.line}: no command before this output"
+        pairs.append((block, list(commands(before[-1]))[-1]))
+    return pairs
+
+
+@pytest.mark.parametrize(
+    ("block", "command"), _output_blocks(), ids=lambda x: str(getattr(x, "line", ""))
+)
+def test_shown_output_is_what_its_command_prints(
+    block: Block,
+    command: Command,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if command.argv == ["flare-l2evict", "startup", "--plugin", "l2evict"]:
+        out = _demo().stdout  # the setup command, as a fresh process runs it
+    else:
+        capsys.readouterr()
+        assert run(command, workdir, monkeypatch) == command.exit_code, command.where
+        out = capsys.readouterr().out
+    for line in block.text.splitlines():
+        assert line in out.splitlines(), (
+            f"README:{block.line}: {line!r} not printed by {command.where}"
+        )
+
+
+def test_the_readme_snippet_says_no_race_ran_and_never_advises_zero_jobs(tmp_path: Path) -> None:
+    (snippet,) = blocks("python")
+    done = subprocess.run(
+        [sys.executable, "-c", snippet.text], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    audit = done.stdout.splitlines()[-1]
+    assert "0 evictions asked" in audit and "NO RACE RAN" in audit
+    assert "race_jobs to 0" not in done.stdout + done.stderr
+
+
+def _usage_flags(text: str) -> set[str]:
+    return {" ".join(flag).strip() for flag in re.findall(r"(--[\w-]+)(?: ([^\]\s`]+))?", text)}
+
+
+@pytest.mark.parametrize("name", ["startup", "plan", "check", "bench", "example"])
+def test_readme_flags_are_the_help_flags(name: str) -> None:
+    import argparse
+
+    from flare_l2evict.tools._cli import _parser
+
+    text = README.read_text(encoding="utf-8")
+    (usage,) = re.findall(rf"`flare-l2evict {name} ((?:--out DIR )?\[[^`]*)`", text)
+    parser = _parser().commands[name]
+    flags = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or not action.option_strings:
+            continue
+        metavar = "" if action.nargs == 0 else (action.metavar or action.dest.upper())
+        flags.add(f"{action.option_strings[-1]} {metavar}".strip())
+    assert _usage_flags(usage) == flags
 
 
 def test_every_python_snippet_runs(tmp_path: Path) -> None:
@@ -174,13 +301,20 @@ def test_every_config_is_valid() -> None:
         assert settings.enabled and settings.exclude, f"README:{block.line}"
 
 
-def test_host_commands_name_the_plugin() -> None:
+def test_host_commands_name_the_plugin_and_the_wheel_setup_builds() -> None:
     (host,) = blocks("bash", "host")
-    assert "--plugin l2evict" in host.text and "pip install flare-l2evict" in host.text
+    (_venv, wheel) = blocks("bash", "setup")
+    built = re.search(r"pip install (dist/(\S+\.whl))", wheel.text)
+    assert built is not None
+    assert "--plugin l2evict" in host.text and f"pip install {built.group(2)}" in host.text
+    from importlib.metadata import version
+
+    assert built.group(2) == f"flare_l2evict-{version('flare-l2evict')}-py3-none-any.whl"
 
 
 def test_every_block_is_of_a_known_kind() -> None:
     known = {("python", ""), ("toml", ""), ("bash", ""), ("bash", "gpu"), ("bash", "host")}
+    known |= {("bash", "setup")}
     known |= {("text", "output"), ("text", "log")}
     text = README.read_text(encoding="utf-8")
     seen = {(m.group(1), m.group(2) or "") for m in _FENCE.finditer(text)}
