@@ -230,3 +230,33 @@ def test_ncu_counts_equal_to_a_few_hundred_bytes_are_as_cold() -> None:
     assert _coldness.ncu_held(got) == [True]
     rows[2]["value"] = probe * 0.99  # 1% of the probe left in L2: less cold
     assert _coldness.ncu_held(got) == [False]
+
+
+def test_races_only_summary_reports_every_repeat() -> None:
+    from flare_l2evict.tools.bench._run import race_summary
+
+    stock, warm_pick = (10.0, 20.0), (30.0, 15.0)  # warm, candidate 1 wins: 20 under stock's
+    misses = [{0}, set(), {0}]  # per repeat, the races where no eviction picks candidate 1
+    rows = [
+        {
+            "shape": [1, 2048, 2048],
+            "repeats": [
+                {"stock_a": stock, "plugin": stock, "stock_b": stock,
+                 "none": warm_pick if race in missed else stock}
+                for missed in misses
+            ],
+        }
+        for race in range(2)
+    ]  # fmt: skip
+    races = {"races": rows, "summary": race_summary(rows, 3), "cute_guard_stand_in": True}
+    result = {
+        "gpu": "NVIDIA H200", "l2_bytes": 60 << 20, "torch": "2.11", "b12x": "1.5.1",
+        "repeats": 3, "races": races, "seconds": {"races": 271.5},
+    }  # fmt: skip
+    table = summary_table(result)
+    assert "4 races (2)  no eviction: picks stock's winner in 1, 2, 1 of 2" in table
+    assert "regret mean 33.33% (per repeat 50.00%, 0.00%, 50.00%) max 100.00%" in table
+    assert "4 races (2)       plugin: picks stock's winner in 2, 2, 2 of 2" in table
+    assert "4 races ran under b12x's no_compilation() with b12x._lib.compiler stood in" in table
+    assert "wall time (s): races 271.5" in table
+    assert "1 memory" not in table and "3 eviction" not in table and "7 start-up" not in table

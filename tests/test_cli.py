@@ -143,3 +143,106 @@ def test_help_parses_before_importing_torch() -> None:
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass"
     )
     assert "torch" not in loaded and "flare_l2evict.tools.reference_host" not in loaded
+
+
+@pytest.mark.parametrize(
+    ("argv", "cause", "fix"),
+    [
+        (["startup", "--bogus"], "flare-l2evict startup: unrecognized arguments: --bogus",
+         "fix: see flare-l2evict startup --help"),
+        (["plan"], "flare-l2evict plan: the following arguments are required: CHECKPOINT",
+         "fix: see flare-l2evict plan --help"),
+        ([], "the following arguments are required: command",
+         "fix: name a command: startup, plan, check, bench, example"),
+        (["bench", "--only", "everything"], "argument --only: invalid choice: 'everything'",
+         "fix: see flare-l2evict bench --help"),
+        (["example"], "the following arguments are required: --out",
+         "fix: see flare-l2evict example --help"),
+    ],
+)  # fmt: skip
+def test_usage_errors_are_one_line_with_the_fix_and_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], cause: str, fix: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == ""
+    assert err.startswith("error: ") and cause in err and fix in err
+    assert err.count("\n") == 1 and "usage:" not in err
+
+
+def test_a_huge_bad_value_still_ends_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["plan", "x", "--profile", "z" * 1_000_000])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err.encode()) <= 1024
+    assert err.rstrip().endswith("fix: see flare-l2evict plan --help")
+
+
+def test_help_is_argparse_usage_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--help"], ["bench", "--help"], ["example", "--help"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        out, err = capsys.readouterr()
+        assert exited.value.code == 0 and err == ""
+        assert out.startswith("usage: flare-l2evict") and "options:" in out
+
+
+def test_startup_says_each_fact_once_per_stream(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        code, out, _ = run(capsys, "startup", "--plugin", "l2evict", "--profile", "h100")
+    assert code == 0
+    reclaimed = f"{5 * 100 * MiB - OWN:,}"
+    # The credit and the audit are the plugin's log lines; the table has the figure once.
+    assert caplog.text.count(f"reclaimed {reclaimed} bytes") == 1
+    assert "audit: credited" in caplog.text
+    assert out.count(reclaimed) == 1 and "audit" not in out and "races read" not in out
+    assert all(len(line) <= 100 for line in out.splitlines())
+
+
+def test_example_writes_every_file_and_the_commands_run_on_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run(capsys, "example", "--out", "ex", "--profile", "h100")
+    assert code == 0 and "wrote 10 files to ex" in out
+    names = {p.name for p in (tmp_path / "ex").iterdir()}
+    assert names == {
+        "model.safetensors", "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors", "model.safetensors.index.json",
+        "rank0.safetensors", "rank1.safetensors", "deploy.toml", "deploy.yaml", "deploy.json",
+        "COMMANDS.md",
+    }  # fmt: skip
+    # The one file, the index and its shards are one checkpoint: the same plan.
+    plans = []
+    for argv in (["ex/model.safetensors"], ["ex/model.safetensors.index.json"]):
+        code, out, _ = run(capsys, "plan", *argv, "--profile", "h100", "--json")
+        plans.append(json.loads(out)["ranks"])
+    assert plans[0] == plans[1] and plans[0][0]["reclaimed_bytes"] == 5 * 100 * MiB - OWN
+    # The per-rank files are what plan's even TP2 split estimates.
+    code, out, _ = run(capsys, "plan", "ex/model.safetensors", "--tp", "2", "--profile", "h100",
+                       "--json")  # fmt: skip
+    split = json.loads(out)
+    code, out, _ = run(capsys, "plan", "ex/rank0.safetensors", "ex/rank1.safetensors", "--tp",
+                       "2", "--per-rank", "--profile", "h100", "--json")  # fmt: skip
+    per_rank = json.loads(out)
+    assert per_rank["ranks"] == split["ranks"]
+    # The files load as safetensors' loader reads them: zeros, the rank's half of dim 0.
+    from safetensors.torch import load_file
+
+    whole = load_file(tmp_path / "ex" / "model.safetensors")
+    rank0 = load_file(tmp_path / "ex" / "rank0.safetensors")
+    fused = "model.layers.3.mlp.experts.w13_weight"
+    assert whole.keys() == rank0.keys()
+    assert rank0[fused].shape[0] * 2 == whole[fused].shape[0] == 16
+    assert not any(t.any() for t in (*whole.values(), *rank0.values()))
+
+
+def test_example_refuses_a_file_as_its_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "taken").write_text("x")
+    code, out, err = run(capsys, "example", "--out", str(tmp_path / "taken"))
+    assert code == 2 and out == "" and "not a directory; fix:" in err and err.count("\n") == 1

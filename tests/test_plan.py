@@ -11,6 +11,7 @@ import pytest
 import torch
 from figures import KV_BYTES_PER_TOKEN as KV, OWN, MiB
 
+from flare_l2evict._text import shown
 from flare_l2evict.tools._cli import main
 from flare_l2evict.tools._headers import read_checkpoint
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_sparse_index
@@ -151,7 +152,16 @@ def test_table_output(
     path = write_checkpoint({"w": torch.zeros(32 * MiB)})
     assert main(["plan", str(path), "--l2-mib", "16"]) == 0
     out = capsys.readouterr().out
-    assert "rank  tensor" in out
+    assert out.splitlines()[3].split() == [
+        "rank",
+        "storage",
+        "window",
+        "reclaimed",
+        "B",
+        "KV",
+        "tokens",
+        "gained",
+    ]
     assert f"agreed across ranks (minimum): {5 * 64 * MiB - OWN:,} bytes" in out
 
 
@@ -206,7 +216,67 @@ def test_tensor_names_are_escaped_in_the_table(
     assert (
         "\u202e" not in out and "\x00" not in out and "rank 9  injected" not in out.split("\\n")[0]
     )
-    row = next(line for line in out.splitlines() if line.startswith("0 "))
-    assert len(row) < 200 and "...[" in row
-    # JSON keeps the exact name: it is data, and escapes it itself.
-    assert plan_json(capsys, str(path), "--l2-mib", "16")["ranks"][0]["tensor"] == name
+    lines = out.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("0 "))
+    detail = lines[row + 1]
+    assert detail.startswith("      reads evil\\n") and "...[" in detail and len(detail) <= 100
+    # JSON cuts the name as the table does, and says so.
+    (rank,) = plan_json(capsys, str(path), "--l2-mib", "16")["ranks"]
+    assert rank["tensor"] == shown(name, 80) and rank["tensor"] in detail
+    assert rank["tensor_chars"] == len(name) and rank["names_cut"] == 2
+
+
+def test_kv_tokens_are_whole_tokens_of_the_bytes() -> None:
+    from flare_l2evict.tools._kv import kv_tokens
+
+    assert kv_tokens(948 * 7 + 947, 948) == 7
+    assert kv_tokens(948 * 7, 948) == 7
+    assert kv_tokens(-5, 948) == 0
+    with pytest.raises(ValueError, match="must be positive"):
+        kv_tokens(1, 0)
+
+
+def test_plan_and_the_startup_table_gain_the_same_kv_tokens(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The issue's case: the example, 1,340,046,848 B at 948 B a token (1,413,551.5 tokens)."""
+    assert main(["example", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    path = str(tmp_path / "model.safetensors")
+    (rank,) = plan_json(capsys, path)["ranks"]
+    assert main(["startup", path, "--plugin", "l2evict", "--json"]) == 0
+    started = json.loads(capsys.readouterr().out)
+    gained = started["with"]["kv_tokens"] - started["without"]["kv_tokens"]
+    assert rank["reclaimed_bytes"] == started["with"]["reclaimed_bytes"]
+    assert rank["kv_tokens_gained"] == gained == rank["reclaimed_bytes"] // KV
+    assert rank["reclaimed_bytes"] % KV  # a case where flooring each figure differs
+
+
+def test_a_rank_that_falls_back_fits_100_columns_with_its_reason_under_it(
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+) -> None:
+    long_name = "model.layers.0." + "very_long_module_name." * 10 + "weight"
+    rank0 = write_checkpoint({long_name: torch.zeros(32 * MiB)}, "rank0.safetensors")
+    rank1 = write_checkpoint({"w.rank1": torch.zeros(MiB)}, "rank1.safetensors")
+    assert main(["plan", str(rank0), str(rank1), "--tp", "2", "--per-rank", "--l2-mib", "16"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 100
+    row = lines.index(next(line for line in lines if line.startswith("1 ")))
+    assert lines[row + 1].startswith("      falls back: no storage")
+    assert f"...[{len(long_name):,} chars]" in out
+
+
+def test_plan_json_cuts_a_huge_name_as_the_table_does_and_says_so(
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+) -> None:
+    name = "w" * 1_000_000
+    path = write_checkpoint({name: torch.zeros(32 * MiB)})
+    assert main(["plan", str(path), "--l2-mib", "16", "--json"]) == 0
+    raw = capsys.readouterr().out
+    assert len(raw) < 5_000  # not the 2 MB of the name twice
+    (rank,) = json.loads(raw)["ranks"]
+    assert rank["tensor"] == rank["sources"][0] == "w" * 60 + "...[1,000,000 chars]"
+    assert rank["tensor_chars"] == 1_000_000 and rank["names_cut"] == 2
+    assert main(["plan", str(path), "--l2-mib", "16"]) == 0
+    assert f"reads {rank['tensor']}" in capsys.readouterr().out

@@ -214,7 +214,22 @@ def _races(
                 "winners " + " | ".join(winners)
             )
             del calls
-    summary = {}
+    summary = race_summary(rows, repeats)
+    return {
+        "races": rows,
+        "summary": summary,
+        "repeats": repeats,
+        "evictions_per_session": calls_seen[0] // repeats,
+        "cute_guard_stand_in": stand_in,
+    }
+
+
+def race_summary(rows: list[dict[str, Any]], repeats: int) -> dict[str, Any]:
+    """Per way against ``stock_a``: winners agreed and regret, for every repeat and overall.
+
+    Regret is what a way's winner costs under stock's timings of the same repeat.
+    """
+    summary: dict[str, Any] = {}
     for way in WAYS[1:]:
         agree: list[int] = []
         regrets: list[float] = []
@@ -243,13 +258,7 @@ def _races(
             "mean_best_latency_ratio": statistics.fmean(ratios),
             "min_best_latency_ratio": min(ratios),
         }
-    return {
-        "races": rows,
-        "summary": summary,
-        "repeats": repeats,
-        "evictions_per_session": calls_seen[0] // repeats,
-        "cute_guard_stand_in": stand_in,
-    }
+    return summary
 
 
 def _winner(latencies: tuple[float, ...]) -> int:
