@@ -362,6 +362,9 @@ def run_bench(
 
     def done(name: str, started: float) -> None:
         result["seconds"][name] = round(time.perf_counter() - started, 1)
+        # Written after every section, so a run stopped by a time limit keeps what it measured.
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "bench.json").write_text(json.dumps(result, indent=2, default=str))
         log(
             f"{name} done in {result['seconds'][name]:.1f} s "
             f"({time.perf_counter() - began:.1f} s since the bench began)"
