@@ -156,7 +156,7 @@ def test_help_parses_before_importing_torch() -> None:
          "fix: name a command: startup, plan, check, bench, example"),
         (["bench", "--only", "everything"], "argument --only: invalid choice: 'everything'",
          "fix: see flare-l2evict bench --help"),
-        (["example"], "the following arguments are required: --out",
+        (["example", "--profile", "h100"], "the following arguments are required: --out",
          "fix: see flare-l2evict example --help"),
     ],
 )  # fmt: skip
@@ -206,7 +206,7 @@ def test_example_writes_every_file_and_the_commands_run_on_them(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    code, out, _ = run(capsys, "example", "--out", "ex", "--profile", "h100")
+    code, out, _ = run(capsys, "example", "--out", "ex")
     assert code == 0 and "wrote 10 files to ex" in out
     names = {p.name for p in (tmp_path / "ex").iterdir()}
     assert names == {

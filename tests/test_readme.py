@@ -270,7 +270,8 @@ def test_readme_flags_are_the_help_flags(name: str) -> None:
     from flare_l2evict.tools._cli import _parser
 
     text = README.read_text(encoding="utf-8")
-    (usage,) = re.findall(rf"`flare-l2evict {name} ((?:--out DIR )?\[[^`]*)`", text)
+    found = re.findall(rf"`flare-l2evict {name} ((?:--out DIR ?)?(?:\[[^`]*)?)`", text)
+    (usage,) = [line for line in found if line]
     parser = _parser().commands[name]
     flags = set()
     for action in parser._actions:

@@ -317,13 +317,6 @@ def _parser() -> _Parser:
         metavar="DIR",
         help="directory to write (made if missing)",
     )
-    example.add_argument(
-        "--profile",
-        choices=sorted(PROFILES),
-        default=DEFAULT_PROFILE,
-        metavar="|".join(sorted(PROFILES)),
-        help=f"size the example for this device's window (default {DEFAULT_PROFILE})",
-    )
     return parser
 
 
@@ -572,12 +565,14 @@ def _example(args: argparse.Namespace) -> int:
         raise L2EvictError(
             f"--out {shown(str(args.out))}: not a directory; fix: name a new or existing directory"
         )
-    profile = PROFILES[args.profile]
+    # Sized for the largest stock window of any profile (gb202's), so one example serves
+    # every profile and a GPU's own L2 alike.
+    profile = PROFILES[DEFAULT_PROFILE]
     written = write_example(args.out, stock_window_bytes(profile.l2_cache_bytes))
     print(
         _wrapped(
-            f"wrote {len(written)} files to {shown(str(args.out))} (the embedded example for "
-            f"profile {profile.name}; checkpoints are sparse: zeros that take no disk): "
+            f"wrote {len(written)} files to {shown(str(args.out))} (the embedded example; "
+            "checkpoints are sparse files of zeros that take no disk): "
             + ", ".join(path.name for path in written)
         )
     )

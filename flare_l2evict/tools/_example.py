@@ -61,8 +61,8 @@ TRY: tuple[tuple[str, str], ...] = (
         "plan {dir}/model.safetensors.index.json",
     ),
     (
-        "On the per-rank files: each rank's shard is short of gb202's 256 MiB window, so "
-        "each says why and the ranks agree on 0:",
+        "On the per-rank files: on gb202 (the default profile) each rank's shard is short "
+        "of the 256 MiB window, so each says why and the ranks agree on 0:",
         "plan {dir}/rank0.safetensors {dir}/rank1.safetensors --tp 2 --per-rank",
     ),
     (
