@@ -552,7 +552,10 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:
-        print(f"full figures: {args.out / 'bench.json'}; plot: {result['plot'] or 'no matplotlib'}")
+        plot = result["plot"] or (
+            "no matplotlib" if "coldness" in result else "none (no coldness section)"
+        )
+        print(f"full figures: {args.out / 'bench.json'}; plot: {plot}")
         print(summary_table(result))
     return 0
 
