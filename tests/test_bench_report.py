@@ -260,3 +260,27 @@ def test_races_only_summary_reports_every_repeat() -> None:
     assert "4 races ran under b12x's no_compilation() with b12x._lib.compiler stood in" in table
     assert "wall time (s): races 271.5" in table
     assert "1 memory" not in table and "3 eviction" not in table and "7 start-up" not in table
+
+
+@pytest.mark.gpu
+def test_bench_runs_only_the_races_it_is_asked_for(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench --only races`` on a GPU: two races, one repeat, and no other section."""
+    import json
+
+    from flare_l2evict.tools._cli import main
+
+    out = tmp_path / "bench"
+    argv = ["bench", "--only", "races", "--races", "2", "--repeats", "1", "--out", str(out)]
+    assert main(argv) == 0
+    printed, log = capsys.readouterr()
+    print(printed)
+    assert "4 races (2)       plugin: picks stock's winner in" in printed
+    assert "4 races ran under b12x's no_compilation()" in printed
+    assert "plot: none (no coldness section)" in printed
+    assert "race 2/2 " in log and "races done in" in log
+    result = json.loads((out / "bench.json").read_text())
+    assert result["sections"] == ["races"] and set(result["seconds"]) == {"races"}
+    assert len(result["races"]["races"]) == 2
+    assert not {"memory", "cost", "coldness", "hook_cost"} & set(result)
