@@ -246,3 +246,17 @@ def test_example_refuses_a_file_as_its_directory(
     (tmp_path / "taken").write_text("x")
     code, out, err = run(capsys, "example", "--out", str(tmp_path / "taken"))
     assert code == 2 and out == "" and "not a directory; fix:" in err and err.count("\n") == 1
+
+
+def test_startup_json_cuts_a_huge_name_as_plan_does(
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+) -> None:
+    name = "w" * 1_000_000
+    path = write_checkpoint({name: torch.zeros(64 * MiB)})
+    code, out, _ = run(capsys, "startup", str(path), "--plugin", "l2evict", "--l2-mib", "16",
+                       "--json")  # fmt: skip
+    assert code == 0 and len(out) < 20_000
+    report = json.loads(out)["with"]["report"]
+    assert report["source_tensor"] == "w" * 60 + "...[1,000,000 chars]"
+    assert report["sources"][0]["tensor"] == report["source_tensor"]
+    assert report["names_cut"] == 2 and report["reclaimed_bytes"] > 0

@@ -113,9 +113,20 @@ class StartupResult:
     audit: StartupAudit | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        """Every figure; tensor names in the report cut as ``plan`` cuts them, and counted."""
+        from .._plan import NAME_LIMIT, cut_name
+
         data = {k: v for k, v in self.__dict__.items() if k not in ("report", "audit")}
         data["report"] = None if self.report is None else self.report.model_dump(mode="json")
         data["audit"] = None if self.audit is None else self.audit.model_dump(mode="json")
+        report = data["report"]
+        if report is not None:
+            names = [report["source_tensor"], *(s["tensor"] for s in report["sources"])]
+            report["names_cut"] = sum(n is not None and len(n) > NAME_LIMIT for n in names)
+            if report["source_tensor"] is not None:
+                report["source_tensor"] = cut_name(report["source_tensor"])
+            for source in report["sources"]:
+                source["tensor"] = cut_name(source["tensor"])
         return data
 
 
