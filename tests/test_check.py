@@ -16,7 +16,7 @@ import pytest
 import torch
 from figures import OWN, MiB
 
-from flare_l2evict._seam import b12x_origin
+from flare_l2evict._provider import b12x_origin
 from flare_l2evict.tools import _check
 from flare_l2evict.tools._cli import main
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._credit import Credit, credit
 from .._errors import InstallError
-from .._seam import b12x_origin, fork_function, measure_stock_buffer, prove_seam, versions
+from .._provider import b12x_origin, versions
+from .._seam import fork_function, measure_stock_buffer, prove_seam
 from .._settings import load_deployment_config, settings_from_config
 from .._text import shown
 from .._window import device_l2_bytes, stock_buffer_bytes
