@@ -1,8 +1,10 @@
 """The b12x releases the plugin may meet: each judged on a CPU, and none missed.
 
-``scripts/b12x_releases.json`` is the one table: a row per published release
+``flare_l2evict/tools/b12x_releases.json`` is the one table: a row per published release
 of ``b12x`` and of ``flashinfer-python`` (pre-releases included) from the
-oldest row on, with its verdict. The README's table is rendered from it.
+oldest row on, with its verdict. The README's table is rendered from it, and
+``flare-l2evict check`` says whether the b12x it finds has a row (the table
+ships in the package for that).
 
 Judging a release: download its wheel (no dependencies), unpack only its b12x
 package, import that b12x in a fresh interpreter (the environment's own b12x
@@ -30,7 +32,7 @@ from packaging.version import Version
 
 PACKAGES = ("b12x", "flashinfer-python")
 """The distributions that ship b12x."""
-TABLE = Path(__file__).with_suffix(".json")
+TABLE = Path(__file__).resolve().parents[1] / "flare_l2evict" / "tools" / "b12x_releases.json"
 SCRIPT = "scripts/b12x_releases.py"
 README_START = "<!-- b12x-releases: rendered by scripts/b12x_releases.py --readme -->"
 README_END = "<!-- b12x-releases: end -->"
