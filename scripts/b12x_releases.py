@@ -13,7 +13,7 @@ back" with the plugin's own one-line reason.
 
     python scripts/b12x_releases.py --discover     # every release on the registry has a row
     python scripts/b12x_releases.py --check        # every row still judges the same
-    python scripts/b12x_releases.py --judge flashinfer-python==0.7.5 --write
+    python scripts/b12x_releases.py --judge flashinfer-python==0.7.5 --write  # + README
     python scripts/b12x_releases.py --readme       # the README's table
 """
 
@@ -34,6 +34,7 @@ PACKAGES = ("b12x", "flashinfer-python")
 """The distributions that ship b12x."""
 TABLE = Path(__file__).resolve().parents[1] / "flare_l2evict" / "tools" / "b12x_releases.json"
 SCRIPT = "scripts/b12x_releases.py"
+README = Path(__file__).resolve().parents[1] / "README.md"
 README_START = "<!-- b12x-releases: rendered by scripts/b12x_releases.py --readme -->"
 README_END = "<!-- b12x-releases: end -->"
 
@@ -208,6 +209,7 @@ def main(argv: Sequence[str] | None = None, list_versions: ListVersions = regist
     parser.add_argument("--write", action="store_true", help="write the judged rows to the table")
     parser.add_argument("--readme", action="store_true", help="print the README's table")
     parser.add_argument("--table", type=Path, default=TABLE, help=argparse.SUPPRESS)
+    parser.add_argument("--readme-path", type=Path, default=README, help=argparse.SUPPRESS)
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "b12x-wheels")
     args = parser.parse_args(argv)
     table = read_table(args.table)
@@ -234,8 +236,11 @@ def main(argv: Sequence[str] | None = None, list_versions: ListVersions = regist
         print(f"{release:32} {'installs' if got['installs'] else 'falls back'}: {got['reason']}")
     failed = [r for r, got in results.items() if got.get("error")]
     if args.write and not failed:
-        write_table(table | results, args.table)
-        print(f"wrote {len(results)} rows to {args.table}; render the README with --readme")
+        table |= results
+        write_table(table, args.table)
+        readme = args.readme_path.read_text()
+        args.readme_path.write_text(readme.replace(readme_table(readme), render_readme(table)))
+        print(f"wrote {len(results)} rows to {args.table} and the README's table")
     if args.check:
         failed += [r for r in results if results[r] != table.get(r)]
     if failed:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import zipfile
 from pathlib import Path
 from types import ModuleType
 
@@ -86,3 +87,35 @@ def test_a_judged_row_is_written_in_version_order(tmp_path: Path) -> None:
     table = {"b12x==1.10.0": {"installs": True}, "b12x==1.5.0": {"installs": True}}
     releases.write_table(table | {"b12x==1.5.1rc1": {"installs": False}}, path)
     assert list(json.loads(path.read_text())) == ["b12x==1.5.0", "b12x==1.5.1rc1", "b12x==1.10.0"]
+
+
+def test_judging_a_release_writes_its_row_and_the_readme(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wheel stand-in (a flashinfer-python 0.7.9 wheel without b12x) in the download cache."""
+    cache = tmp_path / "wheels"
+    cache.mkdir()
+    with zipfile.ZipFile(cache / "flashinfer_python-0.7.9-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("flashinfer/__init__.py", "")
+    table, readme = tmp_path / "table.json", tmp_path / "README.md"
+    table.write_text(json.dumps(releases.read_table()))
+    readme.write_text((ROOT / "README.md").read_text())
+    release = "flashinfer-python==0.7.9"
+    common = ["--table", str(table), "--readme-path", str(readme)]
+    argv = ["--judge", release, "--write", "--cache", str(cache), *common]
+    assert releases.main(argv) == 0
+    written = releases.read_table(table)
+    assert written[release] == {"installs": False, "reason": "ships no b12x package"}
+    assert list(written)[-1] == release  # in version order: the newest flashinfer-python last
+    assert releases.readme_table(readme.read_text()) == releases.render_readme(written)
+    assert "0.7.4, 0.7.9 |" not in readme.read_text()  # 0.7.9 falls back: a row of its own
+    assert (
+        "| `flashinfer-python` 0.7.9 | falls back | ships no b12x package |" in readme.read_text()
+    )
+    registry = dict(RECORDED_REGISTRY)
+    registry["flashinfer-python"] += ", 0.7.9"
+    # With its row written, discovery passes where the registry has 0.7.9.
+    assert (
+        releases.main(["--discover", *common], list_versions=lambda n: registry[n].split(", ")) == 0
+    )
+    capsys.readouterr()
