@@ -159,29 +159,30 @@ def _sizes(
         report.figures["seam"] = {"verdict": "falls back", "via": None, "reason": blocked}
         report.line(f"seam: falls back: {shown(blocked, 600)}")
     else:
-        if sizes.proof is None:
-            report.figures["seam"] = {
-                "verdict": "installs",
-                "via": "fork use_startup_eviction",
-                "reason": None,
-            }
-            report.line("seam: the fork's b12x.comm.pcie.use_startup_eviction (formula buffer)")
-        else:
-            bindings = len(sizes.proof.bindings)
-            report.figures["seam"] = {
-                "verdict": "installs",
-                "via": "stock _l2_flush_fn",
-                "extra_bindings": bindings,
-                "reason": None,
-            }
-            extra = f"; {bindings} extra bindings redirected" if bindings else ""
-            report.line(f"seam: installs (stock b12x's _l2_flush_fn{extra})")
+        _seam_installs(report, sizes)
     how = "measured" if sizes.stock.measured else "formula max(2 x L2, 64 MiB)"
     report.figures["stock_buffer"] = {"bytes": sizes.stock.nbytes, "measured": sizes.stock.measured}
     report.line(f"stock buffer per race job: {sizes.stock.nbytes:,} bytes ({how})")
     report.figures["window"] = {"bytes": sizes.window_bytes, "setting": settings.window}
     report.line(f"window: {sizes.window_bytes:,} bytes ({settings.window})")
     return sizes, blocked
+
+
+def _seam_installs(report: _Report, sizes: Sizes) -> None:
+    if sizes.proof is None:
+        fork = {"verdict": "installs", "via": "fork use_startup_eviction", "reason": None}
+        report.figures["seam"] = fork
+        report.line("seam: the fork's b12x.comm.pcie.use_startup_eviction (formula buffer)")
+        return
+    bindings = len(sizes.proof.bindings)
+    report.figures["seam"] = {
+        "verdict": "installs",
+        "via": "stock _l2_flush_fn",
+        "extra_bindings": bindings,
+        "reason": None,
+    }
+    extra = f"; {bindings} extra bindings redirected" if bindings else ""
+    report.line(f"seam: installs (stock b12x's _l2_flush_fn{extra})")
 
 
 def _facts(
