@@ -51,14 +51,15 @@ def provider_problem() -> str | None:
     None means torch is new enough and an importable b12x exists: the seam
     proof then decides. A line means start-up must keep stock b12x; the line
     names the torch or provider found (versions from the installed
-    distributions, as pip sees them) and the requirement it misses. Never
+    distributions, as pip sees them) and the requirement it misses; the
+    caller says that stock b12x is kept. Never
     raises, imports no b12x module (only looks b12x up) and changes nothing.
     """
     torch_version = _version("torch")
     if torch_version is not None and _release(torch_version) < MIN_TORCH:
         needed = ".".join(map(str, MIN_TORCH))
         return (
-            f"torch {torch_version} found; the plugin needs torch>={needed}; stock b12x kept "
+            f"torch {torch_version} found; the plugin needs torch>={needed} "
             "(upgrade torch with the server, or leave the plugin off)"
         )
     try:
@@ -73,7 +74,7 @@ def provider_problem() -> str | None:
         return (
             f"b12x at {where} is an empty namespace package (what uninstalling "
             "flashinfer-python leaves over a standalone b12x); the plugin needs "
-            f"{NEEDED}; stock b12x kept (reinstall the server's b12x provider)"
+            f"{NEEDED} (reinstall the server's b12x provider)"
         )
     found = []
     if flashinfer is not None:
@@ -82,7 +83,7 @@ def provider_problem() -> str | None:
     if b12x is not None:
         found.append(f"b12x {b12x}")
     what = " and ".join(found) + ", but no importable b12x" if found else "no b12x provider"
-    return f"{what} found; the plugin needs {NEEDED}; stock b12x kept"
+    return f"{what} found; the plugin needs {NEEDED}"
 
 
 @dataclass(frozen=True)

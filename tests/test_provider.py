@@ -9,6 +9,7 @@ runs there as it does in a server.
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from flare_l2evict._provider import provider_problem
 from flare_l2evict._seam import prove_seam
 
 PROVIDER = Path(__file__).resolve().parents[1] / "flare_l2evict" / "_provider.py"
-NEEDED = "the plugin needs flashinfer-python>=0.7.2 or b12x>=1.5; stock b12x kept"
+NEEDED = "the plugin needs flashinfer-python>=0.7.2 or b12x>=1.5"
 
 _RUN = """
 import importlib.util, sys
@@ -72,7 +73,7 @@ def problem_in(root: Path) -> str:
         (
             {"torch": "2.3.1+cu121", "flashinfer-python": "0.7.4"},
             "package",
-            "torch 2.3.1+cu121 found; the plugin needs torch>=2.4; stock b12x kept "
+            "torch 2.3.1+cu121 found; the plugin needs torch>=2.4 "
             "(upgrade torch with the server, or leave the plugin off)",
         ),
         ({"torch": "2.13.0", "b12x": "1.5.1"}, "package", "None"),
@@ -91,8 +92,7 @@ def test_an_empty_b12x_namespace_is_named_with_its_cause(tmp_path: Path) -> None
     assert problem_in(root) == (
         f"b12x at {root / 'b12x'} is an empty namespace package (what uninstalling "
         "flashinfer-python leaves over a standalone b12x); the plugin needs "
-        "flashinfer-python>=0.7.2 or b12x>=1.5; stock b12x kept "
-        "(reinstall the server's b12x provider)"
+        "flashinfer-python>=0.7.2 or b12x>=1.5 (reinstall the server's b12x provider)"
     )
 
 
@@ -111,3 +111,27 @@ def test_the_seam_proof_falls_back_with_that_line(monkeypatch: pytest.MonkeyPatc
 
 def test_this_environment_has_no_problem() -> None:
     assert provider_problem() is None
+
+
+def test_start_up_falls_back_with_one_line_naming_it() -> None:
+    """The reference host's start-up, ``import b12x`` blocked (None stands in for no b12x)."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.modules['b12x'] = None\n"
+            "from flare_l2evict.tools._cli import main\n"
+            "raise SystemExit(main(['startup', '--plugin', 'l2evict']))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    flashinfer = importlib.metadata.version("flashinfer-python")
+    line = f"flashinfer-python {flashinfer}, but no importable b12x found; {NEEDED}"
+    logged = [x for x in run.stderr.splitlines() if "flare_l2evict" in x and line in x]
+    assert len(logged) == 1 and logged[0].startswith("WARNING flare_l2evict: stock b12x"), (
+        run.stderr[-2000:]
+    )
+    assert "Traceback" not in run.stderr
