@@ -199,6 +199,10 @@ def test_the_provider_line_names_flashinfer_and_its_judged_row(
         f"b12x provider: FlashInfer (flashinfer-python {flashinfer}); judged table: {verdict}"
         in (out.splitlines())
     )
+    assert (
+        "supported: flashinfer-python>=0.7.2 or b12x>=1.5 (or a fork with use_startup_eviction); "
+        "torch>=2.4"
+    ) in out.splitlines()
     _, figures = check_json(capsys, "--device", "cpu")
     assert figures["b12x"]["provider"] == "FlashInfer" and figures["b12x"]["judged"] == verdict
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._credit import Credit, credit
 from .._errors import InstallError
-from .._provider import b12x_origin, versions
+from .._provider import MIN_TORCH, NEEDED, b12x_origin, versions
 from .._seam import StockBuffer, fork_function
 from .._settings import DISABLED, L2EvictSettings, load_deployment_config, settings_from_config
 from .._text import shown
@@ -128,6 +128,9 @@ def _provider_lines(report: _Report) -> None:
         table = "not in the judged table: the seam proof below judges it"
     via = " with the fork's use_startup_eviction" if fork else ""
     report.line(f"b12x provider: {provider} ({shown(release)}){via}; {table}")
+    torch_floor = ".".join(map(str, MIN_TORCH))
+    report.figures["supported"] = {"b12x": NEEDED, "torch": f">={torch_floor}"}
+    report.line(f"supported: {NEEDED} (or a fork with use_startup_eviction); torch>={torch_floor}")
 
 
 def _sizes(
