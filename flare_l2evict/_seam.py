@@ -9,22 +9,18 @@ allocates, so the KV credit rests on facts rather than on a copied formula.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import importlib
-import importlib.metadata
-import importlib.util
 import inspect
 import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ._errors import InstallError
+from ._provider import provider_problem, versions
 from ._window import stock_buffer_bytes
 
 SEAM_MODULE = "b12x.preparation._measurement"
@@ -89,104 +85,6 @@ class StockBuffer:
 
     nbytes: int
     measured: bool
-
-
-def versions() -> tuple[str | None, str | None]:
-    """The installed ``b12x`` and ``flashinfer-python`` distributions' versions."""
-    found: list[str | None] = []
-    for name in ("b12x", "flashinfer-python"):
-        try:
-            found.append(importlib.metadata.version(name))
-        except importlib.metadata.PackageNotFoundError:
-            found.append(None)
-    return found[0], found[1]
-
-
-@dataclass(frozen=True)
-class B12xOrigin:
-    """The b12x that ``import b12x`` loads, and the installed distribution that ships it.
-
-    b12x ships standalone (distribution ``b12x``) and inside flashinfer-python
-    (>= 0.7.2), whose wheel installs a top-level ``b12x`` package of its own
-    without a ``b12x`` distribution record, so the version of a distribution
-    named ``b12x`` says nothing about which b12x is imported.
-    """
-
-    path: str | None
-    """The file ``import b12x`` runs (the loaded module's, once imported); None: not importable."""
-    distribution: str | None
-    """The installed distribution whose file list holds ``path``; None: none does."""
-    version: str | None
-    """That distribution's version."""
-
-    def describe(self) -> str:
-        """``standalone b12x 1.5.1``, ``flashinfer-python 0.7.4``, or where it was found."""
-        if self.path is None:
-            return "not importable"
-        if self.distribution == "b12x":
-            return f"standalone b12x {self.version}"
-        if self.distribution is not None:
-            return f"{self.distribution} {self.version}"
-        return f"{self.path} (no installed distribution owns it)"
-
-
-def b12x_origin() -> B12xOrigin:
-    """Where the b12x that ``import b12x`` loads comes from; torch-free, imports nothing.
-
-    The file is the loaded module's when b12x is imported already, else the
-    one the import system would run (``importlib.util.find_spec``). Its owner
-    is the distribution whose recorded files hold it; where two do (one
-    installed over the other), the one whose recorded hash matches the file.
-    """
-    module = sys.modules.get("b12x")
-    path = getattr(module, "__file__", None)
-    if not isinstance(path, str):
-        try:
-            spec = importlib.util.find_spec("b12x")
-        except (ImportError, ValueError):  # ValueError: a module without __spec__
-            spec = None
-        path = spec.origin if spec is not None and spec.has_location else None
-    if path is None:
-        return B12xOrigin(None, None, None)
-    owner = _owner(Path(path))
-    if owner is None:
-        return B12xOrigin(path, None, None)
-    return B12xOrigin(path, owner.metadata["Name"], owner.version)
-
-
-def _owner(path: Path) -> importlib.metadata.Distribution | None:
-    """The installed distribution whose RECORD lists ``path``."""
-    target = path.resolve()
-    tops: set[str] = set()
-    for entry in sys.path:
-        try:
-            relative = target.relative_to(Path(entry or ".").resolve())
-        except (ValueError, OSError):
-            continue
-        if relative.parts:
-            tops.add(relative.parts[0].removesuffix(".py"))
-    names = {
-        name
-        for top in sorted(tops)
-        for name in importlib.metadata.packages_distributions().get(top, [])
-    }
-    owners: list[tuple[importlib.metadata.Distribution, importlib.metadata.PackagePath]] = []
-    for name in sorted(names):
-        try:
-            distribution = importlib.metadata.distribution(name)
-            relative_name = target.relative_to(Path(str(distribution.locate_file(""))).resolve())
-        except (importlib.metadata.PackageNotFoundError, ValueError, OSError):
-            continue
-        for recorded in distribution.files or ():
-            if recorded.as_posix() == relative_name.as_posix():
-                owners.append((distribution, recorded))
-    if len(owners) > 1:
-        for distribution, recorded in owners:
-            if recorded.hash is not None and recorded.hash.mode == "sha256":
-                digest = hashlib.sha256(target.read_bytes()).digest()
-                if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == recorded.hash.value:
-                    return distribution
-    return owners[0][0] if owners else None
 
 
 def unwrap(function: Any) -> Any:
@@ -319,6 +217,8 @@ def prove_seam() -> SeamProof:
     :class:`Binding` for the installation to redirect too. Raises
     :class:`InstallError` with the reason and the fix.
     """
+    if (problem := provider_problem()) is not None:  # no usable torch or b12x: say which
+        raise InstallError(problem)
     try:
         importlib.import_module(SEAM_MODULE)
     except ImportError as error:

@@ -26,6 +26,8 @@ _SECTION_NAME = ".".join(SECTION)
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
 
+DISABLED = f"disabled by config ({_SECTION_NAME}.enabled = false)"
+"""The one reason every path gives when the deployment turned the plugin off."""
 MIN_WINDOW_BYTES = 1 << 20
 """A window below 1 MiB displaces no GPU's L2; it is a typo, not a setting."""
 MAX_WINDOW_BYTES = 64 << 30

@@ -1,13 +1,20 @@
-"""The seam verdict against every published b12x release the plugin may meet, on a CPU.
+"""The b12x releases the plugin may meet: each judged on a CPU, and none missed.
 
-For each release: download its wheel (no dependencies), unpack only its b12x
-package, import that b12x in a fresh interpreter (the environment's own
-b12x hidden), and run :func:`flare_l2evict.prove_seam`. The verdict is
-"installs" or "falls back" with the plugin's own one-line reason. ``--check``
-compares with ``scripts/b12x_releases.json`` and exits 1 on any difference;
-``--markdown`` prints the README's table.
+``flare_l2evict/tools/b12x_releases.json`` is the one table: a row per published release
+of ``b12x`` and of ``flashinfer-python`` (pre-releases included) from the
+oldest row on, with its verdict. The README's table is rendered from it, and
+``flare-l2evict check`` says whether the b12x it finds has a row (the table
+ships in the package for that).
 
-    python scripts/b12x_releases.py --check [--markdown] [--cache DIR]
+Judging a release: download its wheel (no dependencies), unpack only its b12x
+package, import that b12x in a fresh interpreter (the environment's own b12x
+hidden), and run the plugin's seam proof. The verdict is "installs" or "falls
+back" with the plugin's own one-line reason.
+
+    python scripts/b12x_releases.py --discover     # every release on the registry has a row
+    python scripts/b12x_releases.py --check        # every row still judges the same
+    python scripts/b12x_releases.py --judge flashinfer-python==0.7.5 --write  # + README
+    python scripts/b12x_releases.py --readme       # the README's table
 """
 
 from __future__ import annotations
@@ -18,15 +25,46 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-RELEASES: list[tuple[str, str]] = [
-    *(("b12x", v) for v in ("1.2.0", "1.2.1", "1.2.2", "1.2.3", "1.2.4", "1.2.5", "1.2.6")),
-    *(("b12x", v) for v in ("1.2.8", "1.3.0", "1.5.0", "1.5.1")),
-    *(("flashinfer-python", v) for v in ("0.7.0", "0.7.0.post1", "0.7.1", "0.7.2")),
-    *(("flashinfer-python", v) for v in ("0.7.2.post1", "0.7.4")),
-]
-EXPECTED = Path(__file__).with_suffix(".json")
+from packaging.version import Version
+
+PACKAGES = ("b12x", "flashinfer-python")
+"""The distributions that ship b12x."""
+TABLE = Path(__file__).resolve().parents[1] / "flare_l2evict" / "tools" / "b12x_releases.json"
+SCRIPT = "scripts/b12x_releases.py"
+README = Path(__file__).resolve().parents[1] / "README.md"
+README_START = "<!-- b12x-releases: rendered by scripts/b12x_releases.py --readme -->"
+README_END = "<!-- b12x-releases: end -->"
+
+Verdict = dict[str, object]
+ListVersions = Callable[[str], list[str]]
+"""Every version of a distribution on the registry, pre-releases included."""
+
+
+def read_table(path: Path = TABLE) -> dict[str, Verdict]:
+    table: dict[str, Verdict] = json.loads(path.read_text())
+    return table
+
+
+def write_table(table: dict[str, Verdict], path: Path = TABLE) -> None:
+    """Rows sorted by distribution, then by version (PEP 440 order)."""
+    ordered = dict(sorted(table.items(), key=lambda item: _key(item[0])))
+    path.write_text(json.dumps(ordered, indent=2) + "\n")
+
+
+def _split(release: str) -> tuple[str, str]:
+    name, _, version = release.partition("==")
+    if name not in PACKAGES or not version:
+        raise SystemExit(f"error: {release!r} is not NAME==VERSION with NAME in {PACKAGES}")
+    return name, version
+
+
+def _key(release: str) -> tuple[str, Version]:
+    name, version = _split(release)
+    return name, Version(version)
+
 
 _PROBE = r"""
 import importlib.util, json, sys
@@ -50,10 +88,14 @@ if layout == "flashinfer-python":
 else:
     sys.path.insert(0, root)
 
+import flare_l2evict._provider as provider
 import flare_l2evict._seam as seam
 
-# The release under test is unpacked, not installed: name it in the reasons.
-seam.versions = lambda: (version, None) if layout == "b12x" else (None, version)
+# The release under test is unpacked, not installed: name it in the reasons, wherever
+# the reasons read the installed versions from.
+for module in (seam, provider):
+    if hasattr(module, "versions"):
+        module.versions = lambda: (version, None) if layout == "b12x" else (None, version)
 try:
     proof = seam.prove_seam()
 except seam.InstallError as error:
@@ -104,35 +146,107 @@ def verdict(name: str, version: str, cache: Path) -> dict[str, object]:
     return verdict
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare with the expected verdicts")
-    parser.add_argument("--markdown", action="store_true", help="print the README table")
-    parser.add_argument("--write", action="store_true", help="record these verdicts as expected")
+def registry_versions(name: str) -> list[str]:
+    """What ``pip index versions --pre`` lists for ``name`` (pip's own registry settings)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "--pre", name],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    for line in run.stdout.splitlines():
+        if line.startswith("Available versions:"):
+            return [v.strip() for v in line.partition(":")[2].split(",") if v.strip()]
+    raise SystemExit(f"error: pip index versions {name} listed no versions: {run.stdout!r}")
+
+
+def unjudged(table: dict[str, Verdict], list_versions: ListVersions) -> list[str]:
+    """Releases on the registry, at or above each distribution's oldest row, with no row."""
+    missing: list[str] = []
+    for name in PACKAGES:
+        rows = [Version(v) for n, v in map(_split, table) if n == name]
+        if not rows:
+            continue
+        oldest = min(rows)
+        found = sorted({Version(v) for v in list_versions(name)})
+        missing += [f"{name}=={v}" for v in found if v >= oldest and v not in rows]
+    return missing
+
+
+def render_readme(table: dict[str, Verdict]) -> str:
+    """The README's table: one line per run of releases that judge alike, oldest first."""
+    groups: list[tuple[str, list[str], str, str]] = []
+    for release in sorted(table, key=_key):
+        name, version = _split(release)
+        got = table[release]
+        verdict = "installs" if got["installs"] else "falls back"
+        reason = str(got["reason"]).replace(f" {version} ", " X ")
+        if groups and groups[-1][0] == name and groups[-1][2:] == (verdict, reason):
+            groups[-1][1].append(version)
+        else:
+            groups.append((name, [version], verdict, reason))
+    lines = [README_START, "| release | verdict | reason |", "|---|---|---|"]
+    for name, versions, verdict, reason in groups:
+        lines.append(f"| `{name}` {', '.join(versions)} | {verdict} | {reason} |")
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def readme_table(readme: str) -> str:
+    """The rendered table as the README holds it (between its two markers)."""
+    start, end = readme.index(README_START), readme.index(README_END)
+    return readme[start : end + len(README_END)]
+
+
+def main(argv: Sequence[str] | None = None, list_versions: ListVersions = registry_versions) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--discover", action="store_true", help="fail on registry releases with no row"
+    )
+    parser.add_argument("--check", action="store_true", help="judge every row again and compare")
+    parser.add_argument("--judge", action="append", default=[], metavar="NAME==VERSION")
+    parser.add_argument("--write", action="store_true", help="write the judged rows to the table")
+    parser.add_argument("--readme", action="store_true", help="print the README's table")
+    parser.add_argument("--table", type=Path, default=TABLE, help=argparse.SUPPRESS)
+    parser.add_argument("--readme-path", type=Path, default=README, help=argparse.SUPPRESS)
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "b12x-wheels")
-    args = parser.parse_args()
-    args.cache.mkdir(parents=True, exist_ok=True)
-    results = {f"{n}=={v}": verdict(n, v, args.cache) for n, v in RELEASES}
-    if args.write:
-        EXPECTED.write_text(json.dumps(results, indent=2) + "\n")
-    if args.markdown:
-        print("| release | verdict | reason |\n|---|---|---|")
-        for release, got in results.items():
-            shown = "installs" if got["installs"] else "falls back"
-            print(f"| `{release}` | {shown} | {got['reason']} |")
-    else:
-        for release, got in results.items():
+    args = parser.parse_args(argv)
+    table = read_table(args.table)
+    if args.readme:
+        print(render_readme(table))
+        return 0
+    if args.discover:
+        missing = unjudged(table, list_versions)
+        for release in missing:
             print(
-                f"{release:32} {'installs' if got['installs'] else 'falls back'}: {got['reason']}"
+                f"{release}: no judged row; judge it and write its row with: "
+                f"python {SCRIPT} --judge {release} --write",
+                file=sys.stderr,
             )
+        if missing:
+            print(f"release discovery: {len(missing)} releases unjudged", file=sys.stderr)
+            return 1
+        print(f"release discovery: every release on the registry has a row ({len(table)} rows)")
+        return 0
+    args.cache.mkdir(parents=True, exist_ok=True)
+    releases = list(args.judge) or list(table)
+    results = {r: verdict(*_split(r), args.cache) for r in releases}
+    for release, got in results.items():
+        print(f"{release:32} {'installs' if got['installs'] else 'falls back'}: {got['reason']}")
     failed = [r for r, got in results.items() if got.get("error")]
+    if args.write and not failed:
+        table |= results
+        write_table(table, args.table)
+        readme = args.readme_path.read_text()
+        args.readme_path.write_text(readme.replace(readme_table(readme), render_readme(table)))
+        print(f"wrote {len(results)} rows to {args.table} and the README's table")
     if args.check:
-        expected = json.loads(EXPECTED.read_text())
-        failed += [r for r in results if results[r] != expected.get(r)]
+        failed += [r for r in results if results[r] != table.get(r)]
     if failed:
         print(f"release matrix: verdicts differ or failed for {', '.join(failed)}", file=sys.stderr)
         return 1
-    print(f"release matrix: {len(results)} releases, verdicts as expected")
+    print(f"release matrix: {len(results)} releases judged as recorded")
     return 0
 
 

@@ -8,6 +8,7 @@ import importlib
 import importlib.metadata
 import json
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,12 @@ import pytest
 import torch
 from figures import OWN, MiB
 
-from flare_l2evict._seam import b12x_origin
+from flare_l2evict._provider import b12x_origin, provider_problem
+from flare_l2evict._settings import DISABLED
 from flare_l2evict.tools import _check
 from flare_l2evict.tools._cli import main
+from flare_l2evict.tools._profiles import PROFILES
+from flare_l2evict.tools._releases import judged
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -54,8 +58,8 @@ def test_check_defaults_to_the_gpu_where_there_is_one(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
 
-    def run_check_stand_in(args: object, profile: object, device: object, why: str) -> int:
-        seen.append((str(device), why))
+    def run_check_stand_in(*, device: object, device_reason: str, **_: object) -> int:
+        seen.append((str(device), device_reason))
         return 0
 
     monkeypatch.setattr(_check, "run_check", run_check_stand_in)
@@ -177,3 +181,170 @@ def test_a_b12x_no_distribution_owns_is_named_by_its_path(
 def test_no_b12x_is_not_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "b12x", None)
     assert b12x_origin().describe() == "not importable"
+
+
+# --- the provider line and the judged table ----------------------------------------------
+
+
+def test_the_provider_line_names_flashinfer_and_its_judged_row(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    flashinfer = importlib.metadata.version("flashinfer-python")
+    row = judged("flashinfer-python", flashinfer)
+    assert row is not None, f"flashinfer-python {flashinfer} has no judged row"
+    code, out, _ = run(capsys, "check", "--device", "cpu")
+    verdict = "installs" if row.installs else "falls back"
+    assert code == (0 if row.installs else 1)
+    assert (
+        f"b12x provider: FlashInfer (flashinfer-python {flashinfer}); judged table: {verdict}"
+        in (out.splitlines())
+    )
+    assert (
+        "supported: flashinfer-python>=0.7.2 or b12x>=1.5 (or a fork with use_startup_eviction); "
+        "torch>=2.4"
+    ) in out.splitlines()
+    _, figures = check_json(capsys, "--device", "cpu")
+    assert figures["b12x"]["provider"] == "FlashInfer" and figures["b12x"]["judged"] == verdict
+
+
+@pytest.mark.parametrize(
+    ("version", "table"),
+    [
+        ("1.5.1", "judged table: installs"),
+        ("1.3.0", "judged table: falls back"),
+        ("1.5.9", "not in the judged table: the seam proof below judges it"),
+    ],
+)
+def test_a_standalone_b12x_is_looked_up_in_the_table(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    version: str,
+    table: str,
+) -> None:
+    """A standalone b12x stand-in (its record and an __init__.py, no preparation package)."""
+    install(tmp_path, "b12x", version, {"b12x/__init__.py": STANDALONE})
+    use_site(monkeypatch, tmp_path, STANDALONE)
+    code, out, _ = run(capsys, "check", "--device", "cpu")
+    assert f"b12x provider: standalone (b12x {version}); {table}" in out.splitlines()
+    # The stand-in has no races: the proof refuses it, whatever the table says.
+    assert code == 1 and "seam: falls back: b12x " in out
+
+
+def test_no_b12x_names_what_was_found_and_what_is_needed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``import b12x`` blocked: sys.modules' None stands in for an environment without b12x."""
+    for name in list(sys.modules):
+        if name == "b12x" or name.startswith("b12x."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "b12x", None)
+    line = provider_problem()
+    assert line is not None
+    code, figures = check_json(capsys, "--device", "cpu")
+    assert code == 1 and figures["b12x"]["provider"] == "none"
+    assert figures["seam"]["reason"] == line and figures["reason"] == line
+    code, out, _ = run(capsys, "check", "--device", "cpu")
+    assert "b12x provider: none (no release); nothing to judge" in out.splitlines()
+
+
+def test_the_fork_is_named_as_the_provider(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fork_stand_in = types.ModuleType("b12x.comm.pcie")
+    fork_stand_in.use_startup_eviction = lambda tensor: None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
+    code, out, _ = run(capsys, "check", "--device", "cpu")
+    provider = next(line for line in out.splitlines() if line.startswith("b12x provider:"))
+    assert provider.startswith("b12x provider: fork (flashinfer-python ")
+    assert "with the fork's use_startup_eviction" in provider and code == 0
+
+
+def test_persisting_l2_is_not_applicable_on_a_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run(capsys, "check", "--device", "cpu")
+    assert "persisting L2: not applicable on cpu (a CUDA carve-out)" in out.splitlines()
+    _, figures = check_json(capsys, "--device", "cpu")
+    assert figures["persisting_l2"] == {"applicable": False, "bytes": None}
+
+
+@pytest.mark.parametrize("with_checkpoint", [False, True])
+def test_disabled_by_config_is_one_reason(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    write_checkpoint: Callable[..., Path],
+    with_checkpoint: bool,
+) -> None:
+    config = tmp_path / "deploy.toml"
+    config.write_text("[plugins.l2evict]\nenabled = false\n")
+    argv = ["--config", str(config), "--device", "cpu"]
+    if with_checkpoint:
+        argv.append(str(write_checkpoint({"w": torch.zeros(512 * MiB // 4)})))
+    code, figures = check_json(capsys, *argv)
+    assert code == 1 and figures["reason"] == DISABLED
+    assert DISABLED == "disabled by config (plugins.l2evict.enabled = false)"
+
+
+def test_check_takes_plain_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    """``run_check`` needs no argparse object: a program calls it with values."""
+    code = _check.run_check(
+        device=torch.device("cpu"),
+        device_reason="a caller",
+        profile=PROFILES["h200"],
+        as_json=True,
+    )
+    figures = json.loads(capsys.readouterr().out)
+    assert code == 0 and figures["device_reason"] == "a caller"
+    assert figures["window"]["bytes"] == 120 * MiB and figures["race_jobs"] == 5
+
+
+# --- on a GPU ---------------------------------------------------------------------------
+
+
+def _set_persisting_limit(nbytes: int) -> int:
+    """Set this process's cudaLimitPersistingL2CacheSize; returns what the device kept."""
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        from cuda import cudart
+    limit = cudart.cudaLimit.cudaLimitPersistingL2CacheSize
+    (error,) = cudart.cudaDeviceSetLimit(limit, nbytes)
+    assert error == cudart.cudaError_t.cudaSuccess, error
+    error, kept = cudart.cudaDeviceGetLimit(limit)
+    assert error == cudart.cudaError_t.cudaSuccess, error
+    return int(kept)
+
+
+@pytest.mark.gpu
+def test_gpu_check_prints_the_provider_and_persisting_l2_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    torch.cuda.synchronize()  # this process has its CUDA context
+    _set_persisting_limit(0)
+    _, out, _ = run(capsys, "check", "--device", "cuda:0")
+    lines = out.splitlines()
+    print("\n".join(lines), file=sys.stderr)  # the lines for the issue's closing note
+    assert any(line.startswith("b12x provider: ") for line in lines)
+    assert any(
+        line.startswith("persisting L2 carve-out: 0 bytes (cudaLimitPersistingL2CacheSize")
+        and line.endswith("every L2 line can be evicted")
+        for line in lines
+    )
+
+
+@pytest.mark.gpu
+def test_gpu_a_persisting_carve_out_is_named_with_its_fix(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    torch.cuda.synchronize()  # this process has its CUDA context
+    kept = _set_persisting_limit(4 * MiB)
+    try:
+        assert kept > 0, "this GPU keeps no persisting-L2 carve-out"
+        _, figures = check_json(capsys, "--device", "cuda:0")
+        assert figures["persisting_l2"]["bytes"] == kept
+        _, out, _ = run(capsys, "check", "--device", "cuda:0")
+        line = next(x for x in out.splitlines() if x.startswith("persisting L2 carve-out:"))
+        print(line, file=sys.stderr)
+        assert f"{kept:,} bytes" in line and "races may run warm there" in line
+        assert "cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0)" in line
+    finally:
+        _set_persisting_limit(0)

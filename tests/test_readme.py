@@ -172,7 +172,7 @@ def test_the_example_configs_are_the_readme_config(workdir: Path) -> None:
 def test_the_two_setup_commands_are_what_ci_runs() -> None:
     setup = [b.text.strip() for b in blocks("bash") if b.text.strip().startswith("pip install")]
     assert setup == [
-        "pip install torch==2.13.0 -e . && flare-l2evict startup --plugin l2evict",
+        "pip install torch==2.13.0 -e '.[flashinfer]' && flare-l2evict startup --plugin l2evict",
         "pip install torch==2.13.0 -e '.[test]' && python -m pytest",
     ]
     (venv, _wheel) = blocks("bash", "setup")

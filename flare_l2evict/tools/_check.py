@@ -1,28 +1,37 @@
 """``flare-l2evict check``: the preflight an operator runs before turning the plugin on.
 
-It runs the runtime's own steps without installing anything: the seam proof,
-stock's buffer (measured on CUDA), the window, the source choice (from
-safetensors headers, as the plan does) and the credit. It prints one line per
-step, or with ``--json`` one object holding every figure.
+It runs start-up's own steps without installing anything: the settings, the
+sizes (:func:`flare_l2evict._startup.measure_sizes`: the seam proof, stock's
+buffer measured on CUDA, the window), the decision on this rank's checkpoint
+headers (as ``plan`` makes it) and the credit. Around them it names what only
+an operator needs: the b12x provider and whether its release is judged, and
+the device's persisting-L2 carve-out. One line per step, or with
+``as_json`` one object holding every figure.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._credit import Credit, credit
 from .._errors import InstallError
-from .._seam import b12x_origin, fork_function, measure_stock_buffer, prove_seam, versions
-from .._settings import load_deployment_config, settings_from_config
+from .._provider import MIN_TORCH, NEEDED, b12x_origin, versions
+from .._seam import StockBuffer, fork_function
+from .._settings import DISABLED, L2EvictSettings, load_deployment_config, settings_from_config
 from .._text import shown
 from .._window import device_l2_bytes, stock_buffer_bytes
+from ._releases import judged
 
 if TYPE_CHECKING:
     import torch
 
+    from .._runtime import RuntimeFacts
+    from .._startup import Sizes
+    from ._headers import TensorHeader
     from ._profiles import DeviceProfile
 
 
@@ -34,151 +43,227 @@ def _version(name: str) -> str | None:
 
 
 def run_check(
-    args: argparse.Namespace,
-    profile: DeviceProfile,
+    *,
     device: torch.device,
-    device_reason: str = "--device",
+    device_reason: str,
+    profile: DeviceProfile,
+    config: Path | None = None,
+    checkpoint: Sequence[Path] = (),
+    as_json: bool = False,
 ) -> int:
     """Print the preflight; 0 if the plugin would install and credit, 1 if it would fall back.
 
     ``device_reason`` says why this device was checked (given, or the default
-    on this machine); the first line of the report says it. With
-    ``args.json`` the report is one JSON object instead of lines.
+    on this machine); the first line says it. ``profile`` gives the race jobs,
+    and L2 off CUDA. With ``as_json`` the report is one JSON object instead.
     """
     # Every input is read before the first line, so bad input is one line on
     # stderr and nothing on stdout; then each step prints as it finishes, so a
     # step that hangs or crashes on a GPU still shows the ones before it.
-    config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
-    settings = settings_from_config(config)
+    deployment: dict[str, Any] = load_deployment_config(config) if config else {}
+    settings = settings_from_config(deployment)
     headers = None
-    if args.checkpoint:
+    if checkpoint:
         from ._headers import read_checkpoint
 
-        headers = read_checkpoint(args.checkpoint)
-    figures: dict[str, Any] = {"device": str(device), "device_reason": device_reason}
-    lines = _Lines(quiet=args.json)
-    lines.append(f"flare-l2evict check on {device} ({device_reason})")
-    _, flashinfer = versions()
-    origin = b12x_origin()
-    figures["versions"] = {"torch": _version("torch"), "flashinfer-python": flashinfer}
-    figures["b12x"] = {
-        "origin": origin.describe(),
-        "distribution": origin.distribution,
-        "version": origin.version,
-        "path": origin.path,
-    }
-    where = f" ({shown(origin.path)})" if origin.path else ""
-    lines.append(
-        f"torch {_version('torch') or 'not installed'}; b12x: {shown(origin.describe())}{where}; "
-        f"flashinfer-python {flashinfer or 'not installed'}"
-    )
-    if device.type == "cuda":
-        l2 = device_l2_bytes(device)
-        l2_source = "read from the device"
-    else:
-        l2 = profile.l2_cache_bytes
-        l2_source = f"profile {profile.name}"
-    figures |= {"l2_cache_bytes": l2, "l2_source": l2_source, "race_jobs": profile.race_jobs}
-    lines.append(f"device: {device} (L2 {l2:,} bytes, {l2_source})")
-    blocked: str | None = None
-    stock_bytes = stock_buffer_bytes(l2)
-    measured = False
-    seam: dict[str, Any]
-    if fork_function() is not None:
-        seam = {"verdict": "installs", "via": "fork use_startup_eviction", "reason": None}
-        lines.append("seam: the fork's b12x.comm.pcie.use_startup_eviction (formula buffer)")
-    else:
-        try:
-            proof = prove_seam()
-        except InstallError as error:
-            seam = {"verdict": "falls back", "via": None, "reason": str(error)}
-            lines.append(f"seam: falls back: {shown(str(error), 600)}")
-            blocked = str(error)
-        else:
-            seam = {
-                "verdict": "installs",
-                "via": "stock _l2_flush_fn",
-                "extra_bindings": len(proof.bindings),
-                "reason": None,
-            }
-            extra = f"; {len(proof.bindings)} extra bindings redirected" if proof.bindings else ""
-            lines.append(f"seam: installs (stock b12x's _l2_flush_fn{extra})")
-            stock = measure_stock_buffer(proof.original, device, l2)
-            stock_bytes, measured = stock.nbytes, stock.measured
-    figures["seam"] = seam
-    how = "measured" if measured else "formula max(2 x L2, 64 MiB)"
-    figures["stock_buffer"] = {"bytes": stock_bytes, "measured": measured}
-    lines.append(f"stock buffer per race job: {stock_bytes:,} bytes ({how})")
-    window = settings.window_bytes(l2)
-    figures["window"] = {"bytes": window, "setting": settings.window}
-    lines.append(f"window: {window:,} bytes ({settings.window})")
-    storage: dict[str, Any] = {"checked": headers is not None}
-    if headers is not None:
-        from ._plan import decide_shard, shard_of
-
-        decision = decide_shard(
-            shard_of(headers),
-            settings,
-            l2_cache_bytes=l2,
-            race_jobs=profile.race_jobs,
-            stock_buffer_bytes=stock_bytes,
-            blocked=blocked,
-        )
-        granted = decision.credit
-        storage |= {
-            "read_bytes": decision.read_bytes,
-            "tensors": [{"name": s.name, "bytes": s.storage_bytes} for s in decision.sources],
-        }
-        if decision.sources:
-            listed = ", ".join(
-                f"{shown(s.name, 120)} ({s.storage_bytes:,} bytes)" for s in decision.sources
-            )
-            lines.append(f"storage read: {listed}")
-        else:
-            why = decision.choice.shortfall or granted.reason or ""
-            lines.append(f"storage read: none ({shown(why, 600)})")
-    else:
-        lines.append("storage read: not checked (pass this rank's checkpoint files to check it)")
-        if not settings.enabled:
-            blocked = "disabled by config (plugins.l2evict.enabled = false)"
-        # No checkpoint: the verdict is about this machine, as if the window were covered.
-        granted = (
-            Credit(0, blocked)
-            if blocked is not None
-            else credit(
-                installable=True,
-                race_jobs=profile.race_jobs,
-                stock_buffer_bytes=stock_bytes,
-                window_bytes=window,
-                read_bytes=window,
-            )
-        )
-    figures["storage_read"] = storage
+        headers = read_checkpoint(list(checkpoint))
+    report = _Report(quiet=as_json)
+    report.figures |= {"device": str(device), "device_reason": device_reason}
+    report.line(f"flare-l2evict check on {device} ({device_reason})")
+    _provider_lines(report)
+    sizes, blocked = _sizes(report, device, profile, settings, deployment)
+    if not settings.enabled:
+        blocked = DISABLED
+    granted = _storage_and_credit(report, headers, settings, sizes, blocked)
     if granted.nbytes == 0:
         reason = granted.reason or "nothing to credit"
-        figures |= {"verdict": "falls back", "credit_bytes": 0, "reason": reason}
-        lines.append(f"verdict: falls back, credit 0 bytes: {shown(reason, 600)}")
+        report.figures |= {"verdict": "falls back", "credit_bytes": 0, "reason": reason}
+        report.line(f"verdict: falls back, credit 0 bytes: {shown(reason, 600)}")
         code = 1
     else:
-        figures |= {"verdict": "installs", "credit_bytes": granted.nbytes, "reason": None}
-        lines.append(
+        report.figures |= {"verdict": "installs", "credit_bytes": granted.nbytes, "reason": None}
+        report.line(
             f"verdict: installs; credit {granted.nbytes:,} bytes "
-            f"({profile.race_jobs} race jobs x {stock_bytes:,} bytes, "
+            f"({sizes.race_jobs} race jobs x {sizes.stock.nbytes:,} bytes, "
             "less the eviction's own outputs and kernel code)"
         )
         code = 0
-    figures["exit_code"] = code
-    if args.json:
-        print(json.dumps(figures, indent=2))
+    report.figures["exit_code"] = code
+    if as_json:
+        print(json.dumps(report.figures, indent=2))
     return code
 
 
-class _Lines:
-    """The report's lines, printed as they come unless the report is JSON."""
+def _provider_lines(report: _Report) -> None:
+    """Versions, and the b12x provider with whether its release has a judged row."""
+    _, flashinfer = versions()
+    origin = b12x_origin()
+    fork = fork_function() is not None
+    provider = "fork" if fork else origin.provider
+    row = (
+        judged(origin.distribution, origin.version)
+        if origin.distribution is not None and origin.version is not None
+        else None
+    )
+    report.figures["versions"] = {"torch": _version("torch"), "flashinfer-python": flashinfer}
+    report.figures["b12x"] = {
+        "origin": origin.describe(),
+        "provider": provider,
+        "distribution": origin.distribution,
+        "version": origin.version,
+        "path": origin.path,
+        "judged": None if row is None else ("installs" if row.installs else "falls back"),
+    }
+    where = f" ({shown(origin.path)})" if origin.path else ""
+    report.line(
+        f"torch {_version('torch') or 'not installed'}; b12x: {shown(origin.describe())}{where}; "
+        f"flashinfer-python {flashinfer or 'not installed'}"
+    )
+    release = f"{origin.distribution} {origin.version}" if origin.distribution else "no release"
+    if row is not None:
+        table = f"judged table: {'installs' if row.installs else 'falls back'}"
+    elif origin.path is None:
+        table = "nothing to judge"
+    else:
+        table = "not in the judged table: the seam proof below judges it"
+    via = " with the fork's use_startup_eviction" if fork else ""
+    report.line(f"b12x provider: {provider} ({shown(release)}){via}; {table}")
+    torch_floor = ".".join(map(str, MIN_TORCH))
+    report.figures["supported"] = {"b12x": NEEDED, "torch": f">={torch_floor}"}
+    report.line(f"supported: {NEEDED} (or a fork with use_startup_eviction); torch>={torch_floor}")
+
+
+def _sizes(
+    report: _Report,
+    device: torch.device,
+    profile: DeviceProfile,
+    settings: L2EvictSettings,
+    deployment: dict[str, Any],
+) -> tuple[Sizes, str | None]:
+    """Start-up's sizes on ``device``, and the seam's refusal (the formula buffer then)."""
+    from .._startup import Sizes, _Clock, measure_sizes
+    from ._persisting_l2 import persisting_l2_line
+
+    l2_from_profile = device.type != "cuda"
+    facts = _facts(device, profile, deployment, l2_from_profile)
+    l2 = profile.l2_cache_bytes if l2_from_profile else device_l2_bytes(device)
+    l2_source = f"profile {profile.name}" if l2_from_profile else "read from the device"
+    report.figures |= {"l2_cache_bytes": l2, "l2_source": l2_source, "race_jobs": profile.race_jobs}
+    report.line(f"device: {device} (L2 {l2:,} bytes, {l2_source})")
+    line, report.figures["persisting_l2"] = persisting_l2_line(device)
+    report.line(line)
+    blocked: str | None = None
+    try:
+        sizes = measure_sizes(facts, settings, _Clock())
+    except InstallError as error:
+        blocked = str(error)
+        formula = StockBuffer(stock_buffer_bytes(l2), measured=False)
+        sizes = Sizes(l2, settings.window_bytes(l2), formula, profile.race_jobs, None)
+        report.figures["seam"] = {"verdict": "falls back", "via": None, "reason": blocked}
+        report.line(f"seam: falls back: {shown(blocked, 600)}")
+    else:
+        _seam_installs(report, sizes)
+    how = "measured" if sizes.stock.measured else "formula max(2 x L2, 64 MiB)"
+    report.figures["stock_buffer"] = {"bytes": sizes.stock.nbytes, "measured": sizes.stock.measured}
+    report.line(f"stock buffer per race job: {sizes.stock.nbytes:,} bytes ({how})")
+    report.figures["window"] = {"bytes": sizes.window_bytes, "setting": settings.window}
+    report.line(f"window: {sizes.window_bytes:,} bytes ({settings.window})")
+    return sizes, blocked
+
+
+def _seam_installs(report: _Report, sizes: Sizes) -> None:
+    if sizes.proof is None:
+        fork = {"verdict": "installs", "via": "fork use_startup_eviction", "reason": None}
+        report.figures["seam"] = fork
+        report.line("seam: the fork's b12x.comm.pcie.use_startup_eviction (formula buffer)")
+        return
+    bindings = len(sizes.proof.bindings)
+    report.figures["seam"] = {
+        "verdict": "installs",
+        "via": "stock _l2_flush_fn",
+        "extra_bindings": bindings,
+        "reason": None,
+    }
+    extra = f"; {bindings} extra bindings redirected" if bindings else ""
+    report.line(f"seam: installs (stock b12x's _l2_flush_fn{extra})")
+
+
+def _facts(
+    device: torch.device, profile: DeviceProfile, deployment: dict[str, Any], l2_from_profile: bool
+) -> RuntimeFacts:
+    """What start-up reads off a host, for one rank of this machine: no host, nothing offered."""
+    from .._runtime import RuntimeFacts
+
+    def no_host(*_: object) -> object:
+        raise RuntimeError("check runs no host: nothing is offered or read")
+
+    return RuntimeFacts(
+        device=device,
+        rank=0,
+        world_size=1,
+        process_group=None,
+        config=deployment,
+        race_jobs=profile.race_jobs,
+        l2_cache_bytes=profile.l2_cache_bytes if l2_from_profile else None,
+        add_reclaimed=no_host,
+        resident_tensors=no_host,
+    )
+
+
+def _storage_and_credit(
+    report: _Report,
+    headers: list[TensorHeader] | None,
+    settings: L2EvictSettings,
+    sizes: Sizes,
+    blocked: str | None,
+) -> Credit:
+    """The decision on this rank's checkpoint, or, without one, the machine's credit."""
+    storage: dict[str, Any] = {"checked": headers is not None}
+    report.figures["storage_read"] = storage
+    if headers is None:
+        report.line("storage read: not checked (pass this rank's checkpoint files to check it)")
+        if blocked is not None:
+            return Credit(0, blocked)
+        # No checkpoint: the verdict is about this machine, as if the window were covered.
+        return credit(
+            installable=True,
+            race_jobs=sizes.race_jobs,
+            stock_buffer_bytes=sizes.stock.nbytes,
+            window_bytes=sizes.window_bytes,
+            read_bytes=sizes.window_bytes,
+        )
+    from ._plan import decide_shard, shard_of
+
+    decision = decide_shard(
+        shard_of(headers),
+        settings,
+        l2_cache_bytes=sizes.l2_cache_bytes,
+        race_jobs=sizes.race_jobs,
+        stock_buffer_bytes=sizes.stock.nbytes,
+        blocked=blocked,
+    )
+    storage |= {
+        "read_bytes": decision.read_bytes,
+        "tensors": [{"name": s.name, "bytes": s.storage_bytes} for s in decision.sources],
+    }
+    if decision.sources:
+        listed = ", ".join(
+            f"{shown(s.name, 120)} ({s.storage_bytes:,} bytes)" for s in decision.sources
+        )
+        report.line(f"storage read: {listed}")
+    else:
+        why = decision.choice.shortfall or decision.credit.reason or ""
+        report.line(f"storage read: none ({shown(why, 600)})")
+    return decision.credit
+
+
+class _Report:
+    """The report's lines, printed as they come unless the report is JSON, and its figures."""
 
     def __init__(self, *, quiet: bool) -> None:
         self.quiet = quiet
+        self.figures: dict[str, Any] = {}
 
-    def append(self, line: str) -> None:
+    def line(self, text: str) -> None:
         if not self.quiet:
-            print(line, flush=True)
+            print(text, flush=True)

@@ -597,7 +597,14 @@ def _check(args: argparse.Namespace) -> int:
         else:
             args.device = "cpu"
             reason = f"default: no CUDA device here, so profile {args.profile} stands in"
-    return run_check(args, _profile(args), _device(args.device), reason)
+    return run_check(
+        device=_device(args.device),
+        device_reason=reason,
+        profile=_profile(args),
+        config=args.config,
+        checkpoint=args.checkpoint,
+        as_json=args.json,
+    )
 
 
 def _terminate(signum: int, _frame: object) -> None:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
 from .._decision import Decision, Storages, decide
-from .._settings import L2EvictSettings
+from .._settings import DISABLED, L2EvictSettings
 from .._text import shown
 from .._window import stock_buffer_bytes
 from ._headers import TensorHeader
@@ -132,7 +132,7 @@ def decide_shard(
         starts.append(address)
         address += -(-max(size, 1) // _ALLOCATION) * _ALLOCATION
     if not settings.enabled:
-        blocked = "disabled by config (plugins.l2evict.enabled = false)"
+        blocked = DISABLED
     return decide(
         Storages(shard.names, list(shard.sizes), starts),
         window_bytes=settings.window_bytes(l2_cache_bytes),

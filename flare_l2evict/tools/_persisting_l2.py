@@ -1,0 +1,92 @@
+"""A CUDA device's persisting-L2 carve-out, which no eviction reaches.
+
+Lines a kernel marks persisting (a stream's access-policy window) live in the
+part of L2 set aside by ``cudaLimitPersistingL2CacheSize``. Neither stock
+b12x's buffer read nor the plugin's weight read evicts them, so a race whose
+inputs sit there runs warm. torch has no getter for the limit: it is read
+through cuda-bindings' runtime, else through the CUDA runtime torch loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import torch
+
+LIMIT = 0x06
+"""``cudaLimitPersistingL2CacheSize`` in the CUDA runtime's ``cudaLimit`` enum."""
+FIX = (
+    "cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0) and cudaCtxResetPersistingL2Cache() "
+    "in the server before start-up (or drop the access-policy windows that mark lines persisting)"
+)
+
+
+def persisting_l2_bytes(device: torch.device) -> tuple[int | None, str]:
+    """The carve-out's bytes on ``device`` in this process, and how they were read.
+
+    The limit is the CUDA context's: a server that sets it itself (or an MPS
+    server's default) holds its own value. ``None`` when neither reader works;
+    the text then says why.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):
+        torch.cuda.synchronize(index)  # the context exists before the runtime is asked
+        try:
+            return _via_cuda_bindings(index), "cuda-bindings"
+        except (ImportError, RuntimeError) as bindings_error:
+            try:
+                return _via_libcudart(), "libcudart"
+            except (OSError, RuntimeError) as ctypes_error:
+                return None, f"cuda-bindings: {bindings_error}; libcudart: {ctypes_error}"
+
+
+def _via_cuda_bindings(index: int) -> int:
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        from cuda import cudart  # cuda-python before 12.6
+    success = cudart.cudaError_t.cudaSuccess
+    (error,) = cudart.cudaSetDevice(index)
+    if error != success:
+        raise RuntimeError(f"cudaSetDevice: {error}")
+    error, value = cudart.cudaDeviceGetLimit(cudart.cudaLimit.cudaLimitPersistingL2CacheSize)
+    if error != success:
+        raise RuntimeError(f"cudaDeviceGetLimit: {error}")
+    return int(value)
+
+
+def _via_libcudart() -> int:
+    library: Any = None
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            library = ctypes.CDLL(name)  # torch's, already loaded, matches by soname
+            break
+        except OSError:
+            continue
+    if library is None:
+        raise OSError("no libcudart.so.13/.12 loadable")
+    value = ctypes.c_size_t(0)
+    status = library.cudaDeviceGetLimit(ctypes.byref(value), ctypes.c_int(LIMIT))
+    if status != 0:
+        raise RuntimeError(f"cudaDeviceGetLimit returned {status}")
+    return int(value.value)
+
+
+def persisting_l2_line(device: torch.device) -> tuple[str, dict[str, Any]]:
+    """The report line about the carve-out, and its figures."""
+    if device.type != "cuda":
+        line = f"persisting L2: not applicable on {device} (a CUDA carve-out)"
+        return line, {"applicable": False, "bytes": None}
+    nbytes, via = persisting_l2_bytes(device)
+    figures: dict[str, Any] = {"applicable": True, "bytes": nbytes, "via": via}
+    if nbytes is None:
+        return f"persisting L2 carve-out: not read ({via})", figures
+    where = f"{nbytes:,} bytes (cudaLimitPersistingL2CacheSize, read via {via})"
+    if nbytes == 0:
+        return f"persisting L2 carve-out: {where}: every L2 line can be evicted", figures
+    return (
+        f"persisting L2 carve-out: {where}: lines held there survive stock's eviction and the "
+        f"plugin's read, so races may run warm there; fix: {FIX}",
+        figures,
+    )
