@@ -57,13 +57,16 @@ FREED = [
 
 def freed(kind: str, device: str = "cpu") -> dict[str, object]:
     """One start-up of ``tests/freed_memory.py`` in its own process (a crash fails, not ends)."""
+    path = os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, str(HERE / "freed_memory.py"), kind, device],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         check=False,
+        env={**os.environ, "PYTHONPATH": path},
     )
+    assert "illegal memory access" not in done.stderr
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
     return result
