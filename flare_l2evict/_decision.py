@@ -200,6 +200,14 @@ class _Union:
             if stop < len(bucket) or last + 1 == len(self._buckets):
                 break
             last, stop = last + 1, 0
+        if not touching:  # the common case: a range of its own, read whole (word-aligned)
+            begin, stop_at = -(-start // WORD) * WORD, end // WORD * WORD
+            alone = _Region(start, end, name, size)
+            if stop_at > begin:
+                alone.pieces.append(Piece(owner, begin - start, stop_at - begin))
+                self.readable += stop_at - begin
+            self._replace(b, at, last, stop, alone)
+            return
         # The bytes no chosen storage holds yet, word-aligned, are this storage's to read.
         gaps: list[tuple[int, int]] = []
         cursor = start
@@ -364,7 +372,11 @@ def choose(
         if remaining <= 0:
             break
         taken: list[Piece] = []
-        ordered = sorted(region.pieces, key=lambda p: starts[p.owner] + p.offset)
+        ordered = (
+            region.pieces
+            if len(region.pieces) == 1
+            else sorted(region.pieces, key=lambda p: starts[p.owner] + p.offset)
+        )
         for piece in reversed(ordered):  # the region's end first: least likely to be warm
             if remaining <= 0:
                 break
