@@ -208,7 +208,7 @@ class WeightEviction:
                 log,
                 logging.WARNING,
                 "flare_l2evict: eviction over %s on %s stops reading weights: %s; the rest of "
-                "start-up falls back to stock b12x's own buffer (the audit reports the "
+                "start-up falls back to stock b12x's own buffer (startup_complete reports the "
                 "shortfall); fix: keep the weights in place until startup_complete",
                 shown(repr(self.source_name), 120),
                 self.device,
