@@ -39,6 +39,10 @@ SKIP_REASONS = (
 )
 """Why a tensor's storage is not read, in the order the shortfall line names them."""
 
+MAX_PIECES = 64
+"""Separate reads one eviction may make: each is a kernel launch before every race sample,
+and past this many they cost more than stock's one read of its own buffer."""
+
 _T_co = TypeVar("_T_co", covariant=True)
 
 
@@ -368,8 +372,11 @@ def choose(
     regions = sorted(union.regions(), key=lambda r: (-r.readable, r.name, r.start))
     sources: list[Source] = []
     remaining = window_words
+    pieces = 0
     for region in regions:
         if remaining <= 0:
+            break
+        if pieces > MAX_PIECES:
             break
         taken: list[Piece] = []
         ordered = (
@@ -383,7 +390,18 @@ def choose(
             count = min(piece.nbytes, remaining)
             taken.append(Piece(piece.owner, piece.offset + piece.nbytes - count, count))
             remaining -= count
+        pieces += len(taken)
         sources.append(Source(region.name, region.end - region.start, tuple(reversed(taken))))
+    if pieces > MAX_PIECES:
+        return Choice(
+            window_bytes,
+            (),
+            0,
+            f"the {window_bytes:,}-byte eviction window on {where} would be read in more than "
+            f"{MAX_PIECES} separate pieces (the largest eligible storages are small), one "
+            "launch each before every race sample: slower than stock's single read; stock "
+            "b12x keeps its own buffer",
+        )
     read = sum(source.read_bytes for source in sources)
     return Choice(window_bytes, tuple(sources), read, None)
 

@@ -48,6 +48,22 @@ def triton_started() -> bool:
     return False
 
 
+def _plain(tensor: torch.Tensor) -> bool:
+    """Whether reading the tensor's address runs no code of the host's (no ``__torch_function__``).
+
+    A subclass with its own ``__torch_function__`` would run host code before
+    every read; such tensors are checked through their storage only.
+    """
+    kind = type(tensor)
+    if kind is torch.Tensor:
+        return True
+    found = getattr(kind, "__torch_function__", None)
+    default = torch.Tensor.__torch_function__.__func__  # type: ignore[attr-defined]
+    return found is torch._C._disabled_torch_function_impl or (
+        getattr(found, "__func__", None) is default
+    )
+
+
 class WeightEviction:
     """Displace L2 by reading the chosen pieces of resident storages; write nothing to them.
 
@@ -125,7 +141,7 @@ class WeightEviction:
                         (piece.storage, _address(piece.storage), piece.offset + piece.nbytes)
                     )
                     self._names.append(source.name)
-                    if piece.tensor is not None:
+                    if piece.tensor is not None and _plain(piece.tensor):
                         try:
                             self._owners.append((piece.tensor, _tensor_address(piece.tensor)))
                         except Exception:  # a subclass of the host's that has no address
