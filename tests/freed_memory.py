@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,6 +56,39 @@ KINDS = (
     "offload",
 )
 EVICTIONS = 6
+FREED = [
+    "owned-resize0",
+    "owned-resize2n",
+    "slice-resize0",
+    "slice-resize2n",
+    "slice-share",
+    "set",
+    "swap",
+    "offload",
+]
+"""The kinds that free, move or re-point the weights the hook saw."""
+
+
+def freed(kind: str, device: str = "cpu") -> dict[str, Any]:
+    """This script's result for ``kind`` on ``device``, run in a process of its own.
+
+    A crash there (a read of freed memory) fails the caller's assertion instead
+    of ending the test run; so does a hang (a 300 s guard).
+    """
+    here = Path(__file__).parent
+    path = os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, str(here / "freed_memory.py"), kind, device],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    assert "illegal memory access" not in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
 
 
 class _Count(logging.Handler):

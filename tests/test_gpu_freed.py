@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_untrusted_inputs import FREED, freed
+from freed_memory import FREED, freed
 
 pytestmark = pytest.mark.gpu
 

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import torch
 import torch.utils.dlpack
+from freed_memory import FREED, freed
 from hypothesis import given, settings, strategies as st
 
 from flare_l2evict._decision import Storages, _Union, choose
@@ -46,33 +47,6 @@ from flare_l2evict.tools.reference_host import load_checkpoint
 
 HERE = Path(__file__).parent
 MiB = 1 << 20
-FREED = [
-    "owned-resize0",
-    "owned-resize2n",
-    "slice-resize0",
-    "slice-resize2n",
-    "slice-share",
-    "set",
-    "swap",
-    "offload",
-]
-
-
-def freed(kind: str, device: str = "cpu") -> dict[str, object]:
-    """One start-up of ``tests/freed_memory.py`` in its own process (a crash fails, not ends)."""
-    path = os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, str(HERE / "freed_memory.py"), kind, device],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "PYTHONPATH": path},
-    )
-    assert "illegal memory access" not in done.stderr
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
-    return result
 
 
 # 1. Memory that goes away under the eviction.
