@@ -42,15 +42,20 @@ def main() -> None:
 
 def hostile() -> None:
     from flare_l2evict._decision import Storages, choose
+    from flare_l2evict._errors import SourceError
     from flare_l2evict._eviction import WeightEviction
     from flare_l2evict._source import choose_source
 
     count = 1_000_000
     tensors = {f"t{count - i:08d}": torch.zeros(32) for i in range(count)}  # 128 B each
     started = time.perf_counter()
-    choose_source(tensors, "cpu", 32 << 20)  # a quarter of their bytes: 262,144 of them
+    try:  # a quarter of their bytes: 262,144 of them, so refused past 64 pieces
+        choose_source(tensors, "cpu", 32 << 20)
+        outcome = "chosen"
+    except SourceError:
+        outcome = "refused"
     took = time.perf_counter() - started
-    print(f"{count:>9,} tiny torch storages, names opposite to addresses: {took:.2f} s")
+    print(f"{count:>9,} tiny torch storages, names opposite to addresses: {took:.2f} s ({outcome})")
     tensors.clear()
     for n, kind in ((200_000, "overlapping"), (4_000_000, "reversed")):
         if kind == "overlapping":
@@ -60,9 +65,10 @@ def hostile() -> None:
             names = [f"t{n - i:08d}" for i in range(n)]
             sizes, starts = [128] * n, [i * 128 for i in range(n)]
         started = time.perf_counter()
-        choose(Storages(names, sizes, starts), n * 64)
+        choice = choose(Storages(names, sizes, starts), n * 64)
         took = time.perf_counter() - started
-        print(f"{n:>9,} {kind} storages (torch-free decision): {took:.2f} s")
+        outcome = "chosen" if choice.shortfall is None else "refused"
+        print(f"{n:>9,} {kind} storages (torch-free decision): {took:.2f} s ({outcome})")
     weights = {f"w{i}": torch.zeros(1 << 18) for i in range(3)}
     eviction = WeightEviction(choose_source(weights, "cpu", 3 << 20))
     calls = 200_000
