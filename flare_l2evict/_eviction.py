@@ -112,7 +112,7 @@ class WeightEviction:
         self._reads: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, its output)
         # (storage, its address, bytes needed), and (host tensor, its address) per piece.
         self._needed: list[tuple[torch.UntypedStorage, int, int]] = []
-        self._owners: list[tuple[torch.Tensor, int]] = []
+        self._owners: list[tuple[torch.Tensor, int, str]] = []
         self._names: list[str] = []  # the region's name, per entry of _needed
         self.fell_back_reason: str | None = None
         """Why the reads stopped before :meth:`release` (``None``: they never did)."""
@@ -143,7 +143,8 @@ class WeightEviction:
                     self._names.append(source.name)
                     if piece.tensor is not None and _plain(piece.tensor):
                         try:
-                            self._owners.append((piece.tensor, _tensor_address(piece.tensor)))
+                            address = _tensor_address(piece.tensor)
+                            self._owners.append((piece.tensor, address, source.name))
                         except Exception:  # a subclass of the host's that has no address
                             pass
         self.read_bytes = sum(v.numel() for v in self._views) * WORD
@@ -179,7 +180,7 @@ class WeightEviction:
             for storage, address, needed in self._needed:
                 if _address(storage) != address or _nbytes(storage) < needed:
                     return False
-            for tensor, address in self._owners:
+            for tensor, address, _ in self._owners:
                 if _tensor_address(tensor) != address:
                     return False
         except Exception:  # a host tensor whose address now raises: not the one chosen
@@ -199,9 +200,18 @@ class WeightEviction:
                     f"after the hook (address {address:#x} -> {now:#x}, {size:,} bytes; "
                     "resize_, share_memory_)"
                 )
+        name = self.source_name
+        for tensor, address, region in self._owners:
+            try:
+                moved = _tensor_address(tensor) != address
+            except Exception:
+                moved = True
+            if moved:
+                name = region
+                break
         return (
-            f"a tensor of {shown(repr(self.source_name), 120)} no longer views the memory "
-            "read (set_, param.data = ..., or offloaded) after the hook"
+            f"a tensor of {shown(repr(name), 120)} no longer views the memory read "
+            "(set_, param.data = ..., or offloaded) after the hook"
         )
 
     def __call__(self) -> None:
