@@ -23,6 +23,7 @@ SCENARIOS = [
     "group_none",
     "group_junk",
     "group_other",
+    "late",
 ]
 
 
@@ -136,3 +137,15 @@ def test_a_rank_in_another_group_is_voted_out_after_the_bounded_wait(
     for r in got[:1] + got[2:]:
         assert "rank 1 did not reach the tensor-parallel agreement within 5 s" in r["reason"]
         assert r["seconds"]["agree"] < 30  # AGREE_TIMEOUT_S is 5 s here; the group's is 60 s
+
+
+def test_a_rank_past_the_wait_finds_itself_voted_out_and_every_rank_credits_zero(
+    ranks: list[dict[str, Any]],
+) -> None:
+    got = reports(ranks, "late")
+    assert len(got) == len(ranks)
+    assert {r["reclaimed_bytes"] for r in got} == {0}
+    assert {rank["late"]["credited"] for rank in ranks} == {0}
+    assert "this rank did not reach the tensor-parallel agreement within 5 s" in got[1]["reason"]
+    for r in got[:1] + got[2:]:
+        assert "rank 1 did not reach the tensor-parallel agreement within 5 s" in r["reason"]

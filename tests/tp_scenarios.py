@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -32,7 +33,24 @@ class RaisingRuntimeStandIn:
         raise RuntimeError("host lost its checkpoint")
 
 
-def _runtime(scenario: str, rank: int, world_size: int) -> ReferenceRuntime | RaisingRuntimeStandIn:
+class SlowRuntimeStandIn:
+    """A host runtime whose resident_tensors() takes longer than the agreement's wait."""
+
+    kv_allocator: ReferenceKVAllocator
+    tensors: dict[str, torch.Tensor]
+
+    def __init__(self, base: object, seconds: float) -> None:
+        self.__dict__.update(base.__dict__)
+        self.seconds = seconds
+
+    def resident_tensors(self) -> object:
+        time.sleep(self.seconds)
+        return self.tensors
+
+
+def _runtime(
+    scenario: str, rank: int, world_size: int
+) -> ReferenceRuntime | RaisingRuntimeStandIn | SlowRuntimeStandIn:
     from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime
 
     # Each rank holds its own shard: a 64 MiB expert block per rank.
@@ -73,6 +91,8 @@ def _runtime(scenario: str, rank: int, world_size: int) -> ReferenceRuntime | Ra
             runtime.process_group = groups[rank]
     if scenario.startswith("raises") and rank == 1:
         return RaisingRuntimeStandIn(runtime)
+    if scenario == "late" and rank == 1:
+        return SlowRuntimeStandIn(runtime, 15.0)  # well past the 5 s wait the others give it
     return runtime
 
 
@@ -91,7 +111,7 @@ def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str
     results = {}
     for scenario in scenarios:
         # A short wait where a rank is meant to miss the agreement; the default elsewhere.
-        _agree.AGREE_TIMEOUT_S = 5.0 if scenario == "group_other" else 120.0
+        _agree.AGREE_TIMEOUT_S = 5.0 if scenario in ("group_other", "late") else 120.0
         runtime = _runtime(scenario, rank, world_size)
         try:
             (report,) = pm.hook.before_first_capture(runtime=runtime)
