@@ -18,6 +18,11 @@ Case -> outcome (each below):
 - a FIFO config -> "not a regular file", never blocks; a 3 GB sparse config ->
   refused by size, never read; /dev/zero as config, shard or checkpoint -> its
   own line, not "missing".
+
+The tensor-parallel cases (a rank whose group is None, not a group, another
+group, or late past the wait) need one process per rank: ``test_tp_gloo.py``.
+The same freed-memory cases on a GPU, through ``empty_cache()``:
+``test_gpu_freed.py``.
 """
 
 from __future__ import annotations
