@@ -5,13 +5,21 @@ call in a fresh interpreter (median of 5 processes, and their range), the
 second the warm calls after it. See ``flare_l2evict.tools.bench._synthetic``
 for the checkpoint's shape. Prints figures; asserts nothing about time.
 
-    python benchmarks/choose_source.py
+``--hostile`` times what a hostile host can hand the choice instead (issue 21):
+1,000,000 tiny torch storages whose names sort opposite to their addresses,
+200,000 overlapping slices of one range, the plugin's maximum of 4,000,000
+storages in reverse order (torch-free, as ``plan`` passes them), and the
+eviction's per-read check that its pieces are still in place.
+
+    python benchmarks/choose_source.py [--hostile]
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import sys
+import time
 
 import torch
 
@@ -32,5 +40,44 @@ def main() -> None:
         print(f"{row['tensors']:>8,}  {shown:>22}  {row['warm_median_ms']:>8.1f}  {kind}")
 
 
+def hostile() -> None:
+    from flare_l2evict._decision import Storages, choose
+    from flare_l2evict._errors import SourceError
+    from flare_l2evict._eviction import WeightEviction
+    from flare_l2evict._source import choose_source
+
+    count = 1_000_000
+    tensors = {f"t{count - i:08d}": torch.zeros(32) for i in range(count)}  # 128 B each
+    started = time.perf_counter()
+    try:  # a quarter of their bytes: 262,144 of them, so refused past 64 pieces
+        choose_source(tensors, "cpu", 32 << 20)
+        outcome = "chosen"
+    except SourceError:
+        outcome = "refused"
+    took = time.perf_counter() - started
+    print(f"{count:>9,} tiny torch storages, names opposite to addresses: {took:.2f} s ({outcome})")
+    tensors.clear()
+    for n, kind in ((200_000, "overlapping"), (4_000_000, "reversed")):
+        if kind == "overlapping":
+            names = [f"s{i:08d}" for i in range(n)]
+            sizes, starts = [1 << 20] * n, [i * 64 for i in range(n)]
+        else:
+            names = [f"t{n - i:08d}" for i in range(n)]
+            sizes, starts = [128] * n, [i * 128 for i in range(n)]
+        started = time.perf_counter()
+        choice = choose(Storages(names, sizes, starts), n * 64)
+        took = time.perf_counter() - started
+        outcome = "chosen" if choice.shortfall is None else "refused"
+        print(f"{n:>9,} {kind} storages (torch-free decision): {took:.2f} s ({outcome})")
+    weights = {f"w{i}": torch.zeros(1 << 18) for i in range(3)}
+    eviction = WeightEviction(choose_source(weights, "cpu", 3 << 20))
+    calls = 200_000
+    started = time.perf_counter()
+    for _ in range(calls):
+        eviction._intact()
+    took = time.perf_counter() - started
+    print(f"per-read check, 3 pieces: {took / calls * 1e6:.2f} us a call ({calls:,} calls)")
+
+
 if __name__ == "__main__":
-    main()
+    hostile() if "--hostile" in sys.argv[1:] else main()

@@ -1,10 +1,24 @@
-"""Tensor-parallel agreement: every rank hands the KV allocator the same figure."""
+"""Tensor-parallel agreement: every rank hands the KV allocator the same figure.
+
+Who waits, and for how long: each rank of the group writes its vote (figure,
+reason, settings digest) once into torch.distributed's default store, then
+waits at most :data:`AGREE_TIMEOUT_S` for the others' votes. A rank whose
+``process_group`` is ``None`` or not a group cannot name the group, so it votes
+into the default group's (every rank's) slot and does not wait: where the
+tensor-parallel group is the whole job, the others read its vote at once. A
+vote still missing when a rank's wait ends is written by that rank as "late"
+(each slot is written once: ``compare_set`` from empty), so every rank reads
+the same votes, credits 0 and names the late rank; a late rank finds its slot
+taken and credits 0 too. No rank waits longer than :data:`AGREE_TIMEOUT_S`.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -33,6 +47,16 @@ class Agreement:
     reason: str | None
 
 
+AGREE_TIMEOUT_S = 120.0
+"""Seconds a rank waits for the other ranks' votes; then the missing ones are voted out (0)."""
+
+_ROUNDS = itertools.count()
+"""Agreements this process has made: every rank calls :func:`agree` once per start-up, so
+the n-th call is the same start-up on every rank, and its votes have their own keys."""
+_LATE = "late"
+_PREFIX = "flare_l2evict/agree"
+
+
 def settings_digest(settings: L2EvictSettings | None) -> tuple[str, dict[str, Any]]:
     """A short digest of the settings, so ranks can tell they were configured alike."""
     dumped = {} if settings is None else settings.model_dump(mode="json")
@@ -44,23 +68,52 @@ def agree(
     outcome: RankOutcome,
     group: dist.ProcessGroup | None,
 ) -> Agreement:
-    """The minimum reclaimed bytes over the ranks of ``group``.
+    """The minimum reclaimed bytes over the ranks of ``group``; the same on every rank.
 
     Every rank must call this exactly once per start-up, whatever happened to
     it before, so that nobody waits on a rank that gave up: callers reach it
-    with a zero outcome after a fault rather than skipping it. One collective
-    (``all_gather_object``) carries each rank's figure, reason and settings
-    digest; the minimum is taken locally and is identical everywhere. Ranks
-    whose settings differ make the agreed figure 0 and are named. Without a
-    group (or a group of one), the rank's own figure stands.
+    with a zero outcome after a fault rather than skipping it. Each rank's
+    figure, reason and settings digest are exchanged through the default
+    store with a wait of at most :data:`AGREE_TIMEOUT_S` (module docstring:
+    who waits and how long); the minimum is taken locally and is identical
+    everywhere. Ranks whose settings differ, or that miss the wait, make the
+    agreed figure 0 and are named. Without a usable group (or a group of
+    one), the rank's own figure stands.
     """
-    if group is None or not dist.is_available() or not dist.is_initialized():
+    number = next(_ROUNDS)
+    if not dist.is_available() or not dist.is_initialized():
         return Agreement(outcome.reclaimed_bytes, {}, outcome.reason)
-    if dist.get_world_size(group) == 1:
+    store = _default_store()
+    members = _members(group)
+    if members is None:
+        # No group to agree in: vote into the whole job's slot, so that ranks whose
+        # group is the whole job read this vote at once instead of waiting for it.
+        if store is not None and dist.get_world_size() > 1:
+            every = list(range(dist.get_world_size()))
+            _vote(store, _keys(every, number)[dist.get_rank()], outcome)
         return Agreement(outcome.reclaimed_bytes, {}, outcome.reason)
-    gathered: list[RankOutcome | None] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, outcome, group=group)
-    outcomes = [o for o in gathered if o is not None]
+    if len(members) == 1:
+        return Agreement(outcome.reclaimed_bytes, {}, outcome.reason)
+    if store is None:  # no store to vote in: one collective, bounded by the group's timeout
+        gathered: list[RankOutcome | None] = [None] * len(members)
+        dist.all_gather_object(gathered, outcome, group=group)
+        outcomes = [o for o in gathered if o is not None]
+    else:
+        votes = _exchange(store, members, number, outcome)
+        late = [index for index, vote in enumerate(votes) if vote is None]
+        if late:
+            me = members.index(dist.get_rank())
+            named = ", ".join(map(str, late[:8])) + (" ..." if len(late) > 8 else "")
+            who = "this rank" if me in late else f"rank {named}"
+            return Agreement(
+                0,
+                {index: "did not reach the agreement in time" for index in late},
+                f"{who} did not reach the tensor-parallel agreement within "
+                f"{AGREE_TIMEOUT_S:g} s of the others, so every rank credits 0; fix: pass "
+                "every rank's runtime.process_group (the tensor-parallel group) and call "
+                "before_first_capture on all ranks together",
+            )
+        outcomes = [vote for vote in votes if vote is not None]
     fallback = {o.rank: o.reason or "reclaimed nothing" for o in outcomes if o.reclaimed_bytes == 0}
     digests = {o.settings_digest for o in outcomes}
     if len(digests) > 1:
@@ -88,3 +141,52 @@ def agree(
     elif agreed == 0:
         reason = outcome.reason
     return Agreement(agreed, fallback, reason)
+
+
+def _default_store() -> Any:
+    """torch.distributed's default store (every rank's), or ``None`` where it cannot be had."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+    except Exception:
+        return None
+
+
+def _members(group: object) -> list[int] | None:
+    """The group's ranks in the default group, in group order; ``None`` if it is no group."""
+    if group is None:
+        return None
+    try:
+        return list(dist.get_process_group_ranks(group))  # type: ignore[arg-type]
+    except Exception:
+        return None
+
+
+def _keys(members: list[int], number: int) -> list[str]:
+    group = ",".join(map(str, members))
+    return [f"{_PREFIX}/{group}/{number}/{rank}" for rank in members]
+
+
+def _vote(store: Any, key: str, outcome: RankOutcome) -> bytes:
+    """Write ``outcome`` into ``key`` unless it is written already; what the key holds now."""
+    found: bytes = store.compare_set(key, "", json.dumps(asdict(outcome)))
+    return found
+
+
+def _exchange(
+    store: Any, members: list[int], number: int, outcome: RankOutcome
+) -> list[RankOutcome | None]:
+    """Every member's vote in group order, ``None`` for one that came too late (its own too)."""
+    keys = _keys(members, number)
+    _vote(store, keys[members.index(dist.get_rank())], outcome)
+    try:
+        store.wait(keys, timedelta(seconds=AGREE_TIMEOUT_S))
+    except Exception:  # the wait ran out: the missing votes become "late", once, for everyone
+        for key in keys:
+            store.compare_set(key, "", _LATE)
+    votes: list[RankOutcome | None] = []
+    for key in keys:
+        raw = bytes(store.get(key)).decode("utf-8", "replace")
+        votes.append(None if raw == _LATE else RankOutcome(**json.loads(raw)))
+    return votes

@@ -17,17 +17,31 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from typing import Protocol, TypeVar
 
 from ._credit import Credit, credit
+from ._text import shown
 from ._window import WORD
 
-SKIP_REASONS = ("other device", "meta", "no storage", "empty or freed", "excluded", "misaligned")
+SKIP_REASONS = (
+    "other device",
+    "meta",
+    "no storage",
+    "borrowed",
+    "empty or freed",
+    "excluded",
+    "misaligned",
+)
 """Why a tensor's storage is not read, in the order the shortfall line names them."""
+
+MAX_PIECES = 64
+"""Separate reads one eviction may make: each is a kernel launch before every race sample,
+and past this many they cost more than stock's one read of its own buffer."""
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -48,7 +62,8 @@ class Storages:
     behind tensor ``names[i]`` (a device address at start-up; a made-up,
     non-overlapping one in ``plan``, where each tensor is its own storage).
     ``skips[i]`` is why that storage cannot be read at all (``"other device"``,
-    ``"meta"``, ``"no storage"``) or ``None``; ``skips=None`` means none is
+    ``"meta"``, ``"no storage"``, ``"borrowed"``: memory the storage does not
+    own) or ``None``; ``skips=None`` means none is
     skipped. ``starts`` and ``skips`` are only asked for the largest storages
     (and excluded names), so a caller may compute them on demand: columns, not
     objects, because a checkpoint has 100,000 tensors.
@@ -151,21 +166,52 @@ class _Region:
 class _Union:
     """The chosen storages' address ranges, merged into disjoint regions kept in address order.
 
-    Adding a range costs a binary search plus the regions it touches, so a
-    choice over 100,000 small storages stays near-linear.
+    The regions sit in buckets of at most ``2 * _LOAD`` (a sorted list of sorted
+    lists), so adding a range costs two binary searches, the regions it
+    touches and at most one bucket's shift, whatever the order ranges come in:
+    a million storages whose names sort opposite to their addresses stay
+    near-linear. A merge keeps the touching region with the most pieces and
+    moves the others' pieces into it, so overlapping slices of one buffer
+    cost O(n log n) in all, not O(n^2).
     """
 
+    _LOAD = 512
+
     def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.regions: list[_Region] = []
+        self._firsts: list[int] = []  # the first region's start, per bucket
+        self._starts: list[list[int]] = []
+        self._buckets: list[list[_Region]] = []
         self.readable = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self._buckets
+
+    def regions(self) -> list[_Region]:
+        """Every region, in address order."""
+        return [region for bucket in self._buckets for region in bucket]
 
     def add(self, owner: int, name: str, start: int, size: int) -> None:
         end = start + size
-        at = bisect_right(self.starts, start)
-        low = at - 1 if at and self.regions[at - 1].end > start else at
-        high = bisect_left(self.starts, end, low)
-        touching = self.regions[low:high]
+        b, at = self._locate(start)
+        touching: list[_Region] = []
+        last, stop = b, at
+        while last < len(self._buckets):
+            bucket = self._buckets[last]
+            while stop < len(bucket) and bucket[stop].start < end:
+                touching.append(bucket[stop])
+                stop += 1
+            if stop < len(bucket) or last + 1 == len(self._buckets):
+                break
+            last, stop = last + 1, 0
+        if not touching:  # the common case: a range of its own, read whole (word-aligned)
+            begin, stop_at = -(-start // WORD) * WORD, end // WORD * WORD
+            alone = _Region(start, end, name, size)
+            if stop_at > begin:
+                alone.pieces.append(Piece(owner, begin - start, stop_at - begin))
+                self.readable += stop_at - begin
+            self._replace(b, at, last, stop, alone)
+            return
         # The bytes no chosen storage holds yet, word-aligned, are this storage's to read.
         gaps: list[tuple[int, int]] = []
         cursor = start
@@ -176,20 +222,56 @@ class _Union:
         if cursor < end:
             gaps.append((cursor, end))
         merged = _Region(start, end, name, size)
+        if touching:
+            merged.pieces = max(touching, key=lambda r: len(r.pieces)).pieces
         for region in touching:
             merged.start, merged.end = min(merged.start, region.start), max(merged.end, region.end)
-            merged.pieces.extend(region.pieces)
+            if region.pieces is not merged.pieces:
+                merged.pieces.extend(region.pieces)
             if region.largest > merged.largest or (
                 region.largest == merged.largest and region.name < merged.name
             ):
                 merged.name, merged.largest = region.name, region.largest
-        for begin, stop in gaps:
-            begin, stop = -(-begin // WORD) * WORD, stop // WORD * WORD
-            if stop > begin:
-                merged.pieces.append(Piece(owner, begin - start, stop - begin))
-                self.readable += stop - begin
-        self.regions[low:high] = [merged]
-        self.starts[low:high] = [merged.start]
+        for begin, stop_at in gaps:
+            begin, stop_at = -(-begin // WORD) * WORD, stop_at // WORD * WORD
+            if stop_at > begin:
+                merged.pieces.append(Piece(owner, begin - start, stop_at - begin))
+                self.readable += stop_at - begin
+        self._replace(b, at, last, stop, merged)
+
+    def _locate(self, start: int) -> tuple[int, int]:
+        """Bucket and position of the first region that ends after ``start`` or starts past it."""
+        if not self._buckets:
+            return 0, 0
+        b = max(0, bisect_right(self._firsts, start) - 1)
+        at = bisect_right(self._starts[b], start)
+        if at and self._buckets[b][at - 1].end > start:
+            at -= 1
+        return b, at
+
+    def _replace(self, b: int, at: int, last: int, stop: int, merged: _Region) -> None:
+        """Regions from ``(b, at)`` up to ``(last, stop)`` (exclusive) become ``merged``."""
+        if not self._buckets:
+            self._buckets, self._starts, self._firsts = [[merged]], [[merged.start]], [merged.start]
+            return
+        if last == b:
+            self._buckets[b][at:stop] = [merged]
+            self._starts[b][at:stop] = [merged.start]
+        else:
+            self._buckets[b][at:] = [merged]
+            self._starts[b][at:] = [merged.start]
+            del self._buckets[last][:stop], self._starts[last][:stop]
+            gone = last + 1 if not self._buckets[last] else last  # buckets b+1..gone-1 vanish
+            del self._buckets[b + 1 : gone], self._starts[b + 1 : gone], self._firsts[b + 1 : gone]
+            if gone == last:  # what is left of bucket `last` now follows bucket b
+                self._firsts[b + 1] = self._starts[b + 1][0]
+        self._firsts[b] = self._starts[b][0]
+        if len(self._buckets[b]) > 2 * self._LOAD:
+            half = len(self._buckets[b]) // 2
+            self._buckets[b + 1 : b + 1] = [self._buckets[b][half:]]
+            self._starts[b + 1 : b + 1] = [self._starts[b][half:]]
+            del self._buckets[b][half:], self._starts[b][half:]
+            self._firsts[b + 1 : b + 1] = [self._starts[b + 1][0]]
 
 
 class _Ranges:
@@ -235,6 +317,17 @@ def choose(
         return Choice(window_bytes, (), 0, _shortfall(storages, window_bytes, excluded, where))
     union = _Union()
     by_size = _SameSize(sizes)
+    counted: list[Counter[str]] = []
+
+    def unique_name(j: int) -> bool:
+        # One C-level count the first time (the usual single fast path); a hostile
+        # host whose every large storage is skipped gets one Counter, not a count each.
+        if not counted:
+            counted.append(Counter())
+            return names.count(names[j]) == 1
+        if not counted[0]:
+            counted[0] = Counter(names)
+        return counted[0][names[j]] == 1
 
     def take(j: int, start: int, size: int) -> None:
         # A float32 read of a storage that starts off a word boundary faults on a GPU.
@@ -251,11 +344,11 @@ def choose(
         # 100,000 fused-block views beats asking each view for its address.
         j = min(views, key=names.__getitem__)
         if (
-            not union.regions
+            union.empty
             and size >= window_bytes
             and (skips is None or skips[j] is None)
             # An equal name elsewhere (only a direct caller passes one) ties on the address.
-            and names.count(names[j]) == 1
+            and unique_name(j)
         ):
             take(j, starts[j], size)
             if union.readable >= window_words:
@@ -276,21 +369,39 @@ def choose(
     if union.readable < window_words:
         line = _shortfall(storages, window_bytes, excluded, where)
         return Choice(window_bytes, (), 0, line)
-    regions = sorted(union.regions, key=lambda r: (-r.readable, r.name, r.start))
+    regions = sorted(union.regions(), key=lambda r: (-r.readable, r.name, r.start))
     sources: list[Source] = []
     remaining = window_words
+    pieces = 0
     for region in regions:
         if remaining <= 0:
             break
+        if pieces > MAX_PIECES:
+            break
         taken: list[Piece] = []
-        ordered = sorted(region.pieces, key=lambda p: starts[p.owner] + p.offset)
+        ordered = (
+            region.pieces
+            if len(region.pieces) == 1
+            else sorted(region.pieces, key=lambda p: starts[p.owner] + p.offset)
+        )
         for piece in reversed(ordered):  # the region's end first: least likely to be warm
             if remaining <= 0:
                 break
             count = min(piece.nbytes, remaining)
             taken.append(Piece(piece.owner, piece.offset + piece.nbytes - count, count))
             remaining -= count
+        pieces += len(taken)
         sources.append(Source(region.name, region.end - region.start, tuple(reversed(taken))))
+    if pieces > MAX_PIECES:
+        return Choice(
+            window_bytes,
+            (),
+            0,
+            f"the {window_bytes:,}-byte eviction window on {where} would be read in more than "
+            f"{MAX_PIECES} separate pieces (the largest eligible storages are small), one "
+            "launch each before every race sample: slower than stock's single read; stock "
+            "b12x keeps its own buffer",
+        )
     read = sum(source.read_bytes for source in sources)
     return Choice(window_bytes, tuple(sources), read, None)
 
@@ -315,6 +426,7 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
     once that all of them together are too few bytes.
     """
     counts = dict.fromkeys(SKIP_REASONS, 0)
+    borrowed: list[str] = []
     skips, starts = storages.skips, storages.starts
     ranges: set[tuple[int, int]] = set()
     for i, size in enumerate(storages.sizes):
@@ -331,6 +443,8 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
                 ranges.add((start, start + size))
         if reason is not None:
             counts[reason] += 1
+            if reason == "borrowed" and len(borrowed) < _NAMED:
+                borrowed.append(storages.names[i])
     distinct, reach = 0, 0
     for low, high in sorted(ranges):
         distinct += max(0, high - max(low, reach))
@@ -341,6 +455,21 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
         f"{len(ranges):,} eligible storages hold {distinct:,} distinct bytes"
         + (f" (tensors skipped: {skipped})" if skipped else "")
         + "; stock b12x keeps its own buffer"
+        + (_borrowed_fix(borrowed, counts["borrowed"]) if borrowed else "")
+    )
+
+
+_NAMED = 3
+"""Names one line shows of the tensors skipped as borrowed; the rest are counted."""
+
+
+def _borrowed_fix(names: list[str], count: int) -> str:
+    listed = ", ".join(shown(repr(name), 80) for name in names)
+    more = f" and {count - len(names):,} more" if count > len(names) else ""
+    return (
+        f"; borrowed (a storage that does not own its memory: a slice base[a:b], from_blob, "
+        f"DLPack): {listed}{more}; fix: include a tensor over the owning storage in "
+        "resident_tensors()"
     )
 
 

@@ -22,8 +22,10 @@ log = logging.getLogger("flare_l2evict.eviction")
 
 Kernel = Literal["auto", "triton", "torch"]
 
-# The C-level size: a storage subclass cannot make it say more than is there.
+# The C-level size and address: a storage subclass cannot make them say other than what is there.
 _nbytes: Callable[[Any], int] = torch.UntypedStorage.nbytes
+_address: Callable[[Any], int] = torch.UntypedStorage.data_ptr
+_tensor_address: Callable[[Any], int] = torch.Tensor.data_ptr
 
 
 def triton_started() -> bool:
@@ -46,6 +48,22 @@ def triton_started() -> bool:
     return False
 
 
+def _plain(tensor: torch.Tensor) -> bool:
+    """Whether reading the tensor's address runs no code of the host's (no ``__torch_function__``).
+
+    A subclass with its own ``__torch_function__`` would run host code before
+    every read; such tensors are checked through their storage only.
+    """
+    kind = type(tensor)
+    if kind is torch.Tensor:
+        return True
+    found = getattr(kind, "__torch_function__", None)
+    default = torch.Tensor.__torch_function__.__func__  # type: ignore[attr-defined]
+    return found is torch._C._disabled_torch_function_impl or (
+        getattr(found, "__func__", None) is default
+    )
+
+
 class WeightEviction:
     """Displace L2 by reading the chosen pieces of resident storages; write nothing to them.
 
@@ -65,10 +83,17 @@ class WeightEviction:
       row reduction; :attr:`kernel` says which and :attr:`kernel_note` why;
     * the reads are the choice's pieces: ``window_bytes`` (rounded down to
       whole float32 words) of distinct bytes, from the end of each region;
-    * while installed it holds the storages, so they cannot be freed underneath
-      it; :meth:`release` drops them. A call after :meth:`release`, or after a
-      storage shrank (``resize_(0)``), runs ``fallback`` instead: stock b12x's
-      own eviction, allocated then, with one WARNING line.
+    * while installed it holds the storages it reads (each owns its memory:
+      :func:`~._source.storages_of` refuses borrowed ones), so they cannot be
+      freed underneath it; :meth:`release` drops them;
+    * before every read it checks, in a few C calls per piece, that each
+      storage still has the address and at least the bytes it had at the hook,
+      and that each host tensor a piece was chosen through still starts where
+      it did. A storage freed, grown or moved (``resize_``, ``share_memory_``)
+      or a tensor re-pointed (``set_``, ``param.data = ...``, an offload) makes
+      this and every later call run ``fallback`` instead: stock b12x's own
+      eviction, allocated then, with one WARNING line; :attr:`fell_back_reason`
+      says why, for the audit. A call after :meth:`release` does the same.
     """
 
     def __init__(
@@ -85,7 +110,12 @@ class WeightEviction:
         self._fallback: Callable[[], None] | None = None
         self._views: list[torch.Tensor] = []  # 1-d float32, one per piece, as read
         self._reads: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, its output)
-        self._needed: list[tuple[torch.UntypedStorage, int]] = []
+        # (storage, its address, bytes needed), and (host tensor, its address) per piece.
+        self._needed: list[tuple[torch.UntypedStorage, int, int]] = []
+        self._owners: list[tuple[torch.Tensor, int, str]] = []
+        self._names: list[str] = []  # the region's name, per entry of _needed
+        self.fell_back_reason: str | None = None
+        """Why the reads stopped before :meth:`release` (``None``: they never did)."""
         with torch.inference_mode(False):
             self._partial = torch.zeros(OUTPUT_ROWS, dtype=torch.float32, device=self.device)
             self._out = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -107,7 +137,16 @@ class WeightEviction:
                         self._reads.append((view[:main].view(OUTPUT_ROWS, -1), self._partial))
                     if count - main:
                         self._reads.append((view[main:], self._out))
-                    self._needed.append((piece.storage, piece.offset + piece.nbytes))
+                    self._needed.append(
+                        (piece.storage, _address(piece.storage), piece.offset + piece.nbytes)
+                    )
+                    self._names.append(source.name)
+                    if piece.tensor is not None and _plain(piece.tensor):
+                        try:
+                            address = _tensor_address(piece.tensor)
+                            self._owners.append((piece.tensor, address, source.name))
+                        except Exception:  # a subclass of the host's that has no address
+                            pass
         self.read_bytes = sum(v.numel() for v in self._views) * WORD
         self._launches: list[Callable[[], None]] = []
         self.kernel: Literal["triton", "torch"] = "torch"
@@ -136,7 +175,44 @@ class WeightEviction:
         return not self._views
 
     def _intact(self) -> bool:
-        return bool(self._views) and all(_nbytes(s) >= n for s, n in self._needed)
+        """Whether every piece still covers what it covered at the hook (cheap: C calls only)."""
+        try:
+            for storage, address, needed in self._needed:
+                if _address(storage) != address or _nbytes(storage) < needed:
+                    return False
+            for tensor, address, _ in self._owners:
+                if _tensor_address(tensor) != address:
+                    return False
+        except Exception:  # a host tensor whose address now raises: not the one chosen
+            return False
+        return bool(self._views)
+
+    def _why_not_intact(self) -> str:
+        """What changed since the hook, in words (only called once, on the way to stock)."""
+        for (storage, address, needed), name in zip(self._needed, self._names, strict=True):
+            try:
+                now, size = _address(storage), _nbytes(storage)
+            except Exception:
+                return f"the storage of {shown(repr(name), 120)} can no longer be read"
+            if now != address or size < needed:
+                return (
+                    f"the storage of {shown(repr(name), 120)} was freed, resized or moved "
+                    f"after the hook (address {address:#x} -> {now:#x}, {size:,} bytes; "
+                    "resize_, share_memory_)"
+                )
+        name = self.source_name
+        for tensor, address, region in self._owners:
+            try:
+                moved = _tensor_address(tensor) != address
+            except Exception:
+                moved = True
+            if moved:
+                name = region
+                break
+        return (
+            f"a tensor of {shown(repr(name), 120)} no longer views the memory read "
+            "(set_, param.data = ..., or offloaded) after the hook"
+        )
 
     def __call__(self) -> None:
         if self._fallback is None and self._intact():
@@ -150,12 +226,16 @@ class WeightEviction:
 
     def _stock(self) -> Callable[[], None]:
         if self._fallback is None:
-            why = "released" if self.released else "its source storage shrank or was freed"
+            if self.released:
+                why = "released"
+            else:
+                why = self.fell_back_reason = self._why_not_intact()
             say(
                 log,
                 logging.WARNING,
-                "flare_l2evict: eviction over %s on %s is %s; this race falls back to "
-                "stock b12x's own buffer",
+                "flare_l2evict: eviction over %s on %s stops reading weights: %s; the rest of "
+                "start-up falls back to stock b12x's own buffer (startup_complete reports the "
+                "shortfall); fix: keep the weights in place until startup_complete",
                 shown(repr(self.source_name), 120),
                 self.device,
                 why,
@@ -175,6 +255,7 @@ class WeightEviction:
         self._reads = []
         self._launches = []  # they hold views of the weights too
         self._needed = []
+        self._owners = []
 
     def __repr__(self) -> str:
         state = "released" if self.released else f"{self.read_bytes:,} bytes"

@@ -161,6 +161,7 @@ class Installation:
             counted=counted,
             devices=devices,
             shortfall_bytes=min(made, offer.nbytes),
+            fallback_reason=self._eviction.fell_back_reason,
         )
 
     def restore(self) -> None:

@@ -138,11 +138,22 @@ class StartupAudit(BaseModel):
     )
     devices: tuple[DeviceAudit, ...] = ()
     shortfall_bytes: NonNegativeInt = 0
+    fallback_reason: str | None = Field(
+        default=None,
+        description="Why the eviction stopped reading the weights mid-start-up (the host freed, "
+        "moved or re-pointed them); the races used stock buffers from then on.",
+    )
 
     @property
     def warns(self) -> bool:
-        """Whether the audit line is a WARNING: a shortfall, unused credit or allocator error."""
-        return bool(self.shortfall_bytes or self.unused_credit_bytes or self.allocator_error)
+        """Whether the audit line is a WARNING: a shortfall, a fallback, unused credit or an
+        allocator error."""
+        return bool(
+            self.shortfall_bytes
+            or self.unused_credit_bytes
+            or self.allocator_error
+            or self.fallback_reason
+        )
 
     def summary(self) -> str:
         """One line for the start-up log."""
@@ -183,6 +194,8 @@ class StartupAudit(BaseModel):
                 f"credited but at most {self.peak_alive} held an eviction at once; fix: set "
                 f"runtime.race_jobs to {self.peak_alive}"
             )
+        if self.fallback_reason:
+            head += f"; FELL BACK to stock mid-start-up: {self.fallback_reason}"
         if self.shortfall_bytes:
             head += f"; SHORTFALL {self.shortfall_bytes:,} bytes of the credit were used"
         return head

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +26,19 @@ SECTION = ("plugins", "l2evict")
 _SECTION_NAME = ".".join(SECTION)
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b|b)?\s*$", re.IGNORECASE)
+# Matched against a stripped value of at most _SIZE_CHARS characters, with fullmatch:
+# one run of blanks between digits and unit, so no two quantifiers compete for a
+# character (the old ``\s*...\s*$`` backtracked quadratically on "1" + spaces + "x").
+_SIZE = re.compile(r"(\d+)[ \t]*([kmg]i?b|b)?", re.IGNORECASE)
+_SIZE_CHARS = 32
+"""Longer than any size a window takes ("68719476736 b" is 13); longer is not a size."""
+
+MAX_EXCLUDE_PATTERNS = 64
+"""Globs ``exclude`` may list: each costs a match per resident tensor (4,000,000 at most)."""
+MAX_PATTERN_CHARS = 1000
+"""Characters of one ``exclude`` glob: tensor names are far shorter."""
+MAX_CONFIG_BYTES = 1 << 20
+"""A deployment config over 1 MiB is a wrong file (a checkpoint, a log), not a config."""
 
 DISABLED = f"disabled by config ({_SECTION_NAME}.enabled = false)"
 """The one reason every path gives when the deployment turned the plugin off."""
@@ -39,7 +53,8 @@ ALLOWED: dict[str, str] = {
     "window": "'stock' (the default: max(2 x L2, 64 MiB), what stock b12x reads), "
     "or a whole number of bytes divisible by 4 between 1 MiB and 64 GiB, "
     "such as '256MiB'",
-    "exclude": "a list of tensor-name glob patterns, such as ['*.embed_tokens.*']",
+    "exclude": "a list of tensor-name glob patterns, such as ['*.embed_tokens.*'] (at most "
+    f"{MAX_EXCLUDE_PATTERNS}, each at most {MAX_PATTERN_CHARS:,} characters)",
     "on_error": "'fallback' (the default: keep stock b12x and reclaim 0) or 'raise'",
 }
 
@@ -50,10 +65,10 @@ def _parse_size(value: object) -> int | str | None:
     if isinstance(value, int):
         return value
     if isinstance(value, str):
-        lowered = value.strip().lower()
+        lowered = value.strip().lower()  # linear; what is left is at most _SIZE_CHARS long
         if lowered == "stock":
             return lowered
-        match = _SIZE.match(lowered)
+        match = _SIZE.fullmatch(lowered) if len(lowered) <= _SIZE_CHARS else None
         if match:
             unit = (match.group(2) or "").replace("kb", "kib").replace("mb", "mib")
             unit = unit.replace("gb", "gib")
@@ -100,8 +115,10 @@ class L2EvictSettings(BaseModel):
     def _exclude(cls, value: object) -> object:
         if isinstance(value, str) or not isinstance(value, list | tuple):
             raise ValueError("not a list")
-        if not all(isinstance(item, str) and item for item in value):
-            raise ValueError("not a list of non-empty strings")
+        if len(value) > MAX_EXCLUDE_PATTERNS:
+            raise ValueError("too many patterns")
+        if not all(isinstance(item, str) and 0 < len(item) <= MAX_PATTERN_CHARS for item in value):
+            raise ValueError("not a list of non-empty strings of bounded length")
         return tuple(value)
 
 
@@ -179,13 +196,9 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     where = shown(str(path))
-    if path.is_dir():
-        raise ConfigError(f"{where}: is a directory, not a config file; fix: pass --config FILE")
-    if not path.is_file():
-        raise ConfigError(f"{where}: no such config file; fix: pass an existing --config FILE")
     suffix = path.suffix.lower()
+    text = _read_config_text(path, where)
     try:
-        text = path.read_text(encoding="utf-8")
         if suffix == ".toml":
             data: object = tomllib.loads(text)
         elif suffix in (".yaml", ".yml"):
@@ -196,13 +209,8 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
                     f"{where}: YAML configs need PyYAML; fix: pip install 'flare-l2evict[yaml]'"
                 ) from None
             data = yaml.load(text, Loader=_no_alias_loader(yaml, path))
-        elif suffix == ".json":
-            data = json.loads(text)
         else:
-            raise ConfigError(
-                f"{where}: unknown config format '{shown(suffix or '(none)', 40)}'; "
-                "fix: use a .toml, .yaml, .yml or .json file"
-            )
+            data = json.loads(text)
     except ConfigError:
         raise
     except Exception as error:  # the parsers' own error types differ; all mean "bad file"
@@ -215,6 +223,70 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
             f"{where}: the top level must be a table/mapping, not {type(data).__name__}"
         )
     return data
+
+
+def _read_config_text(path: Path, where: str) -> str:
+    """The config's text, read only once it is known to be a small regular file of a known kind.
+
+    The kind (by suffix), the file type and the size are checked before any
+    byte is read, on the open handle itself, opened without blocking: a FIFO
+    or a device never blocks start-up, and a 3 GB file costs nothing.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(
+            f"{where}: no such config file; fix: pass an existing --config FILE"
+        ) from None
+    except IsADirectoryError:
+        raise ConfigError(
+            f"{where}: is a directory, not a config file; fix: pass --config FILE"
+        ) from None
+    except (OSError, ValueError) as error:  # ValueError: a NUL inside the path
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ConfigError(f"{where}: cannot open the config file ({shown(reason, 200)})") from None
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if stat.S_ISDIR(info.st_mode):
+        os.close(fd)
+        raise ConfigError(f"{where}: is a directory, not a config file; fix: pass --config FILE")
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(
+                f"{where}: not a regular file (a FIFO, socket or device); fix: pass the "
+                "deployment config file itself"
+            )
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"{where}: {info.st_size:,} bytes, over the {MAX_CONFIG_BYTES:,} a deployment "
+                "config may have; fix: pass the deployment config, not a checkpoint or log"
+            )
+        suffix = path.suffix.lower()
+        if suffix not in (".toml", ".yaml", ".yml", ".json"):
+            raise ConfigError(
+                f"{where}: unknown config format '{shown(suffix or '(none)', 40)}'; "
+                "fix: use a .toml, .yaml, .yml or .json file"
+            )
+        try:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        except OSError as error:
+            raise ConfigError(
+                f"{where}: cannot read the config file ({shown(error.strerror or str(error), 200)})"
+            ) from None
+    if len(raw) > MAX_CONFIG_BYTES:  # it grew after the check
+        raise ConfigError(
+            f"{where}: over {MAX_CONFIG_BYTES:,} bytes; fix: pass the deployment config"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{where}: not UTF-8 text (byte {error.start:,}); fix: save the config as UTF-8"
+        ) from None
 
 
 def _no_alias_loader(yaml: Any, path: Path) -> type:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import Any, overload
 
 import torch
 
 from ._decision import Choice, Storages, choose
 from ._errors import SourceError
-from ._text import described_value
+from ._log import say
+from ._text import described_value, shown
+
+log = logging.getLogger("flare_l2evict.source")
 
 # Unbound C methods, mapped over whole lists at C speed; typed loosely for that use. Being
 # the C functions, they also ignore a subclass's overrides: a storage cannot say it holds
@@ -19,6 +23,12 @@ from ._text import described_value
 _storage_of: Callable[[Any], torch.UntypedStorage] = torch.Tensor.untyped_storage
 _storage_pointer: Callable[[Any], int] = torch.UntypedStorage.data_ptr
 _storage_nbytes: Callable[[Any], int] = torch.UntypedStorage.nbytes
+_storage_resizable: Callable[[Any], bool] = torch.UntypedStorage.resizable
+
+BORROWED = "borrowed"
+"""The skip reason of a storage that does not own its memory (see :func:`storages_of`)."""
+_NAMED = 3
+"""Names one refusal line shows; the rest are counted."""
 
 MAX_TENSORS = 4_000_000
 """More resident tensors than any checkpoint shard holds (DeepSeek V3: ~92,000 in all)."""
@@ -31,6 +41,8 @@ class SourcePiece:
     storage: torch.UntypedStorage = field(repr=False)
     offset: int
     nbytes: int
+    tensor: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    """The host's tensor this piece was chosen through; the eviction checks it still views it."""
 
 
 @dataclass(frozen=True)
@@ -126,10 +138,62 @@ class _PerStorage:
         return self._read(self._storages[index])
 
 
-def storages_of(
-    tensors: Mapping[str, torch.Tensor], device: torch.device
-) -> tuple[Storages, list[torch.UntypedStorage | None]]:
-    """The decision's view of ``tensors`` (sizes, address ranges, skips), and their storages."""
+class Held(Sequence["torch.UntypedStorage | None"]):
+    """Each resident tensor's storage (``None`` where unreadable), with the tensor itself.
+
+    Indexes like the decision's :class:`~._decision.Storages`. ``borrowed`` lists
+    the indices the decision asked about whose storage borrows its memory.
+    """
+
+    def __init__(
+        self, names: list[str], storages: list[torch.UntypedStorage | None], tensors: list[object]
+    ) -> None:
+        self.names = names
+        self.storages = storages
+        self.tensors = tensors
+        self.borrowed: dict[int, None] = {}  # insertion-ordered set
+
+    def __len__(self) -> int:
+        return len(self.storages)
+
+    @overload
+    def __getitem__(self, index: int, /) -> torch.UntypedStorage | None: ...
+
+    @overload
+    def __getitem__(self, index: slice, /) -> Sequence[torch.UntypedStorage | None]: ...
+
+    def __getitem__(
+        self, index: int | slice, /
+    ) -> torch.UntypedStorage | Sequence[torch.UntypedStorage | None] | None:
+        return self.storages[index]
+
+    def tensor(self, index: int) -> torch.Tensor | None:
+        found = self.tensors[index]
+        return found if isinstance(found, torch.Tensor) else None
+
+
+def borrowed_line(names: Sequence[str], count: int) -> str:
+    """One line naming (bounded) the tensors whose storage borrows memory, with the fix."""
+    listed = ", ".join(shown(repr(name), 80) for name in names[:_NAMED])
+    more = f" and {count - _NAMED:,} more" if count > _NAMED else ""
+    return (
+        f"{count:,} resident tensors are not read because their storage borrows memory "
+        f"torch does not own (a storage slice base[a:b], from_blob, DLPack or IPC import), "
+        f"which its owner can free or move under the eviction: {listed}{more}; fix: include "
+        "a tensor over the owning storage in resident_tensors(), or allocate the weights "
+        "with torch"
+    )
+
+
+def storages_of(tensors: Mapping[str, torch.Tensor], device: torch.device) -> tuple[Storages, Held]:
+    """The decision's view of ``tensors`` (sizes, address ranges, skips), and their storages.
+
+    A storage that does not own its memory (``resizable() == False``: a slice
+    ``base[a:b]`` of another storage, ``from_blob``, DLPack or CUDA IPC) is
+    skipped as ``"borrowed"``: holding it does not keep the memory alive, so
+    its owner could free or move the memory under the eviction. A tensor over
+    the owning storage, when the host passes one, covers the same bytes.
+    """
     names = list(islice(tensors, MAX_TENSORS + 1))
     if len(names) > MAX_TENSORS:
         raise SourceError(
@@ -161,10 +225,19 @@ def storages_of(
         storages = [s if _readable(s) else None for s in storages]
         sizes = [0 if s is None else _storage_nbytes(s) for s in storages]
     verdicts: dict[torch.device, str | None] = {}
+    held = Held(names, storages, values)
 
-    def skip(storage: torch.UntypedStorage | None) -> str | None:
+    def skip(index: int) -> str | None:
+        storage = storages[index]
         if storage is None or not _readable(storage):
             return "no storage"
+        try:
+            owns = bool(_storage_resizable(storage))
+        except Exception:
+            owns = False
+        if not owns:
+            held.borrowed[index] = None
+            return BORROWED
         found = storage.device
         if found not in verdicts:
             if found.type == "meta":
@@ -174,7 +247,21 @@ def storages_of(
         return verdicts[found]
 
     starts = _PerStorage(storages, _start)
-    return Storages(names, sizes, starts, _PerStorage(storages, skip)), storages
+    return Storages(names, sizes, starts, _PerIndex(len(storages), skip)), held
+
+
+class _PerIndex:
+    """A column computed on demand from the index alone."""
+
+    def __init__(self, size: int, read: Callable[[int], str | None]) -> None:
+        self._size = size
+        self._read = read
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, index: int, /) -> str | None:
+        return self._read(index)
 
 
 def _sizes(storages: list[torch.UntypedStorage | None]) -> list[int] | None:
@@ -203,15 +290,25 @@ def _start(storage: torch.UntypedStorage | None) -> int:
 def source_choice(
     choice: Choice, storages: Sequence[torch.UntypedStorage | None], device: torch.device
 ) -> SourceChoice:
-    """The decision's regions as torch storages to read."""
+    """The decision's regions as torch storages to read.
+
+    With :class:`Held` storages (from :func:`storages_of`), each piece keeps the
+    tensor it was chosen through, and the tensors skipped as borrowed are
+    named in one INFO line.
+    """
+    held = storages if isinstance(storages, Held) else None
     regions = []
     for source in choice.sources:
         pieces = []
         for piece in source.pieces:
             storage = storages[piece.owner]
             assert storage is not None  # the decision reads only storages that exist
-            pieces.append(SourcePiece(storage, piece.offset, piece.nbytes))
+            tensor = None if held is None else held.tensor(piece.owner)
+            pieces.append(SourcePiece(storage, piece.offset, piece.nbytes, tensor))
         regions.append(SourceStorage(source.name, source.storage_bytes, tuple(pieces)))
+    if held is not None and held.borrowed:
+        names = [held.names[i] for i in islice(held.borrowed, _NAMED)]
+        say(log, logging.INFO, "flare_l2evict: %s", borrowed_line(names, len(held.borrowed)))
     return SourceChoice(tuple(regions), choice.window_bytes, device)
 
 

@@ -191,7 +191,7 @@ def billion_laughs() -> str:
 
 
 def bad_configs(tmp: Path, wanted: set[str] | None = None) -> dict[str, Path]:
-    """Write the bad deployment configs (only ``wanted`` ones: two are 10 MB)."""
+    """Write the bad deployment configs (only ``wanted`` ones: two are 1 MB, one 10 MB)."""
     configs = {
         "cfg_window": ("w.toml", "[plugins.l2evict]\nwindow = 1\n"),
         "cfg_plugins": ("p.json", '{"plugins": ["l2evict"]}'),
@@ -202,8 +202,10 @@ def bad_configs(tmp: Path, wanted: set[str] | None = None) -> dict[str, Path]:
             "many.json",
             json.dumps({"plugins": {"l2evict": {f"k{i}": i for i in range(10_000)}}}),
         ),
-        "cfg_long_value": ("long.toml", f'[plugins.l2evict]\nwindow = "{"x" * 10_000_000}"\n'),
-        "cfg_long_key": ("longkey.toml", f'[plugins.l2evict]\n"{"k" * 10_000_000}" = 1\n'),
+        # Just under the 1 MiB a config may have: parsed, and the echo is still bounded.
+        "cfg_long_value": ("long.toml", f'[plugins.l2evict]\nwindow = "{"x" * 1_000_000}"\n'),
+        "cfg_long_key": ("longkey.toml", f'[plugins.l2evict]\n"{"k" * 1_000_000}" = 1\n'),
+        "cfg_huge": ("huge.toml", f'[plugins.l2evict]\nwindow = "{"x" * 10_000_000}"\n'),
     }
     written = {}
     for name, (file, text) in configs.items():
@@ -245,7 +247,8 @@ def test_absurd_flags_are_refused_before_any_work(
     [
         ("cfg_bomb", "yaml anchors/aliases are not allowed (line 1)"),
         ("cfg_long_value", 'plugins.l2evict.window = "xxxxxxxxxx'),
-        ("cfg_long_key", "kkkkk...[10,000,000 chars]: unknown key"),
+        ("cfg_long_key", "kkkkk...[1,000,000 chars]: unknown key"),
+        ("cfg_huge", "huge.toml: 10,000,030 bytes, over the 1,048,576 a deployment config may"),
         ("cfg_many_keys", "; and 9,997 more"),
     ],
 )

@@ -11,7 +11,8 @@ from flare_l2evict import WeightEviction, choose_source
 
 
 def digest(tensor: torch.Tensor) -> str:
-    return hashlib.sha256(tensor.view(torch.uint8).numpy().tobytes()).hexdigest()
+    # A copy: .numpy() marks the storage it shares non-resizable, which the choice refuses.
+    return hashlib.sha256(tensor.clone().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def test_reads_the_tail_of_the_storage_and_writes_nothing() -> None:

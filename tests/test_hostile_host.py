@@ -224,17 +224,22 @@ def test_two_threads_at_once_make_one_credit() -> None:
 
 # 4. Storages that overlap in memory count once.
 def aliases(count: int, nbytes: int) -> dict[str, torch.Tensor]:
-    """``count`` distinct storage objects over one allocation (storage slices)."""
+    """``count`` distinct storage objects over one allocation (storage slices), and its owner.
+
+    The slices borrow the owner's memory and are never read themselves
+    (tests/test_untrusted_inputs.py); the owner's tensor covers the same bytes.
+    """
     base = torch.zeros(nbytes // 4).untyped_storage()
-    return {
+    slices = {
         f"alias.{i}": torch.empty(0).set_(base[0:nbytes], 0, (nbytes // 4,), (1,))
         for i in range(count)
     }
+    return {"owner": torch.empty(0).set_(base), **slices}
 
 
 def test_storages_that_overlap_in_memory_count_once() -> None:
     tensors = aliases(130, MiB)
-    assert len({id(t.untyped_storage()) for t in tensors.values()}) == 130
+    assert len({id(t.untyped_storage()) for t in tensors.values()}) == 131
     report = hook(hostile(tensors=tensors))
     assert report.reclaimed_bytes == 0
     assert "1 eligible storages hold 1,048,576 distinct bytes" in (report.reason or "")
@@ -243,6 +248,7 @@ def test_storages_that_overlap_in_memory_count_once() -> None:
 def test_partly_overlapping_storages_are_read_once_each_byte() -> None:
     base = torch.zeros(96 * MiB // 4).untyped_storage()
     tensors = {
+        "owner": torch.empty(0).set_(base),
         "a": torch.empty(0).set_(base[0 : 64 * MiB], 0, (16 * MiB,), (1,)),
         "b": torch.empty(0).set_(base[32 * MiB : 96 * MiB], 0, (16 * MiB,), (1,)),
     }

@@ -20,6 +20,10 @@ SCENARIOS = [
     "raises_raise",
     "fewer_jobs",
     "group_mismatch",
+    "group_none",
+    "group_junk",
+    "group_other",
+    "late",
 ]
 
 
@@ -105,3 +109,43 @@ def test_a_group_that_is_not_the_tensor_parallel_group_credits_zero_everywhere(
     for r in got:
         assert "runtime.process_group has 1 ranks" in r["reason"]
         assert f"runtime.world_size = {len(ranks)}" in r["reason"]
+
+
+@pytest.mark.parametrize("scenario", ["group_none", "group_junk"])
+def test_a_rank_without_a_group_still_votes_so_nobody_waits_for_it(
+    ranks: list[dict[str, Any]], scenario: str
+) -> None:
+    """Issue 21: such a rank returned 0 at once; the others waited the group's whole timeout."""
+    got = reports(ranks, scenario)
+    assert len(got) == len(ranks)
+    assert {r["reclaimed_bytes"] for r in got} == {0}
+    assert {rank[scenario]["credited"] for rank in ranks} == {0}
+    assert "runtime.process_group" in got[1]["reason"]
+    for r in got[:1] + got[2:]:
+        assert "fell back: rank 1: runtime.process_group" in r["reason"]
+        # Read its vote at once (hang guard: without the vote this was the group's 60 s).
+        assert r["seconds"]["agree"] < 30
+
+
+def test_a_rank_in_another_group_is_voted_out_after_the_bounded_wait(
+    ranks: list[dict[str, Any]],
+) -> None:
+    got = reports(ranks, "group_other")
+    assert len(got) == len(ranks)
+    assert {r["reclaimed_bytes"] for r in got} == {0}
+    assert {rank["group_other"]["credited"] for rank in ranks} == {0}
+    for r in got[:1] + got[2:]:
+        assert "rank 1 did not reach the tensor-parallel agreement within 5 s" in r["reason"]
+        assert r["seconds"]["agree"] < 30  # AGREE_TIMEOUT_S is 5 s here; the group's is 60 s
+
+
+def test_a_rank_past_the_wait_finds_itself_voted_out_and_every_rank_credits_zero(
+    ranks: list[dict[str, Any]],
+) -> None:
+    got = reports(ranks, "late")
+    assert len(got) == len(ranks)
+    assert {r["reclaimed_bytes"] for r in got} == {0}
+    assert {rank["late"]["credited"] for rank in ranks} == {0}
+    assert "this rank did not reach the tensor-parallel agreement within 5 s" in got[1]["reason"]
+    for r in got[:1] + got[2:]:
+        assert "rank 1 did not reach the tensor-parallel agreement within 5 s" in r["reason"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -32,7 +33,24 @@ class RaisingRuntimeStandIn:
         raise RuntimeError("host lost its checkpoint")
 
 
-def _runtime(scenario: str, rank: int, world_size: int) -> ReferenceRuntime | RaisingRuntimeStandIn:
+class SlowRuntimeStandIn:
+    """A host runtime whose resident_tensors() takes longer than the agreement's wait."""
+
+    kv_allocator: ReferenceKVAllocator
+    tensors: dict[str, torch.Tensor]
+
+    def __init__(self, base: object, seconds: float) -> None:
+        self.__dict__.update(base.__dict__)
+        self.seconds = seconds
+
+    def resident_tensors(self) -> object:
+        time.sleep(self.seconds)
+        return self.tensors
+
+
+def _runtime(
+    scenario: str, rank: int, world_size: int
+) -> ReferenceRuntime | RaisingRuntimeStandIn | SlowRuntimeStandIn:
     from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime
 
     # Each rank holds its own shard: a 64 MiB expert block per rank.
@@ -62,8 +80,19 @@ def _runtime(scenario: str, rank: int, world_size: int) -> ReferenceRuntime | Ra
         # Every rank claims world_size ranks but passes a group of one (its own).
         groups = [dist.new_group([r]) for r in range(world_size)]
         runtime.process_group = groups[rank]
+    if scenario == "group_none" and rank == 1:
+        runtime.process_group = None  # a rank that lost its group: it votes in the default one
+    if scenario == "group_junk" and rank == 1:
+        runtime.process_group = object()
+    if scenario == "group_other":
+        # Rank 1 passes a group of its own; the others wait AGREE_TIMEOUT_S, then vote it out.
+        groups = [dist.new_group([r]) for r in range(world_size)]
+        if rank == 1:
+            runtime.process_group = groups[rank]
     if scenario.startswith("raises") and rank == 1:
         return RaisingRuntimeStandIn(runtime)
+    if scenario == "late" and rank == 1:
+        return SlowRuntimeStandIn(runtime, 15.0)  # well past the 5 s wait the others give it
     return runtime
 
 
@@ -75,11 +104,14 @@ def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str
         world_size=world_size,
         timeout=timedelta(seconds=60),
     )
+    from flare_l2evict import _agree
     from flare_l2evict.tools.reference_host import plugin_manager
 
     pm = plugin_manager(["l2evict"])
     results = {}
     for scenario in scenarios:
+        # A short wait where a rank is meant to miss the agreement; the default elsewhere.
+        _agree.AGREE_TIMEOUT_S = 5.0 if scenario in ("group_other", "late") else 120.0
         runtime = _runtime(scenario, rank, world_size)
         try:
             (report,) = pm.hook.before_first_capture(runtime=runtime)

@@ -404,9 +404,16 @@ def _weight_map(path: Path) -> dict[str, str]:
     """An index's ``weight_map``: tensor name to shard file name, every value a string."""
     where = shown(str(path))
     try:
-        if path.stat().st_size > MAX_INDEX_BYTES:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read below forever
+            raise ValueError("not a regular file")
+        if info.st_size > MAX_INDEX_BYTES:
             raise ValueError(f"over {MAX_INDEX_BYTES:,} bytes")
-        index = _parse(path.read_bytes(), "the file")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_INDEX_BYTES + 1)
+        if len(raw) > MAX_INDEX_BYTES:  # it grew after the check
+            raise ValueError(f"over {MAX_INDEX_BYTES:,} bytes")
+        index = _parse(raw, "the file")
         if not isinstance(index, _Pairs):
             raise ValueError(f"a JSON {_kind(index)}, not an object")
         found = [value for key, value in index if key == "weight_map"]
@@ -524,10 +531,16 @@ def _shard(
     """Read a shard an index names, relative to the index's folder."""
     path = index.parent / shard
     try:
-        present = stat.S_ISREG(os.stat(path).st_mode)
+        mode: int | None = os.stat(path).st_mode
     except (OSError, ValueError):
-        present = False
-    if not present:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):  # /dev/zero, a FIFO: present, not a shard
+        raise CheckpointError(
+            f"{shown(str(index))}: shard '{shown(shard, 80)}' named in the index is not a "
+            "regular file (a directory, FIFO or device); fix: point the index at the "
+            "checkpoint's .safetensors files"
+        )
+    if mode is None:
         raise CheckpointError(
             f"{shown(str(index))}: shard '{shown(shard, 80)}' named in the index is missing from "
             f"{shown(str(index.parent))}; fix: download the whole checkpoint"

@@ -26,8 +26,12 @@ def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, torch.T
             f"{path}: no such checkpoint; fix: pass a .safetensors file, or none for the "
             "embedded example"
         )
-    if not path.is_file():
-        raise CheckpointError(f"{path}: not a file; fix: pass a single .safetensors file")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory; fix: pass a single .safetensors file")
+    if not path.is_file():  # /dev/zero, a FIFO: it exists, but reading it never ends
+        raise CheckpointError(
+            f"{path}: not a regular file (a FIFO or device); fix: pass a single .safetensors file"
+        )
     try:
         loaded = load_file(path, device=str(device))
         if device.type == "cpu":
