@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import torch
 
-from flare_l2evict import WeightEviction, choose_source
+from flare_l2evict._eviction import WeightEviction
+from flare_l2evict._source import choose_source
 from flare_l2evict.tools.bench import Probe, compare, time_call
 
 

@@ -70,6 +70,11 @@ class Process:
         with self.lock:
             return self.startup is startup
 
+    def belongs_to(self, runtime: object) -> bool:
+        """Whether the start-up in progress is the one ``runtime`` began."""
+        with self.lock:
+            return self.startup is not None and self.startup.runtime is runtime
+
     def end(self, runtime: object | None) -> tuple[Startup | None, str | None]:
         """End the start-up ``runtime`` began (any, for ``None``); why not, when it is not ended.
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flare_l2evict import settings_from_config
+from flare_l2evict._settings import settings_from_config
 from flare_l2evict._units import MiB
 from flare_l2evict.tools._cli import main
 from flare_l2evict.tools.reference_host import write_example_checkpoint, write_sparse_index

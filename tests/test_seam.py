@@ -17,8 +17,10 @@ from fake_b12x import (
 )
 from figures import MiB
 
-import flare_l2evict
-from flare_l2evict import EvictionHandle, ReclaimReport, StartupAudit, plugin
+from flare_l2evict import ReclaimReport, StartupAudit, plugin
+from flare_l2evict._credit import CREDIT_OVERHEAD_BYTES
+from flare_l2evict._eviction import EvictionHandle
+from flare_l2evict._install import active_installation
 from flare_l2evict.tools.reference_host import ReferenceRuntime, plugin_manager
 
 L2 = 8 * MiB  # the fakes' L2; stock's window is then max(16 MiB, 64 MiB) = 64 MiB
@@ -57,7 +59,7 @@ def test_stock_shaped_fake_is_served_and_credited_exactly(
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2))
     report, saved, evictions, audit = start(make_runtime, weights)
     assert all(isinstance(e, EvictionHandle) for e in evictions)
-    assert report.reclaimed_bytes == saved - flare_l2evict.CREDIT_OVERHEAD_BYTES
+    assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
 
 
@@ -123,7 +125,7 @@ def test_a_release_the_plugin_cannot_serve_is_refused_and_credited_zero(
     report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
     assert report.reclaimed_bytes == 0 and reason in report.reason
     assert runtime.kv_allocator.reclaimed_bytes == 0
-    assert flare_l2evict.active_installation() is None
+    assert active_installation() is None
     plugin.finish()
 
 
