@@ -44,8 +44,7 @@ import pytest
 import torch
 from figures import OWN, MiB
 
-from flare_l2evict import L2EvictError, ReclaimReport, StartupAudit, plugin
-from flare_l2evict import _startup
+from flare_l2evict import L2EvictError, ReclaimReport, StartupAudit, _startup, plugin
 from flare_l2evict._install import Installation, active_installation
 from flare_l2evict._lifecycle import PROCESS
 from flare_l2evict.tools.reference_host import (
@@ -188,9 +187,10 @@ def test_a_child_forked_while_another_thread_holds_the_lock_does_not_block() -> 
 # 3. Signal handlers that call startup_complete.
 _SIGNAL_INSIDE_THE_LOCK = """
 import json, os, signal, sys, torch
-from flare_l2evict import plugin
 from flare_l2evict._lifecycle import Process
-from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime, plugin_manager
+from flare_l2evict.tools.reference_host import (
+    ReferenceKVAllocator, ReferenceRuntime, plugin_manager,
+)
 
 pm = plugin_manager(["l2evict"])
 runtime = ReferenceRuntime(
@@ -200,13 +200,15 @@ runtime = ReferenceRuntime(
 audits = []
 signal.signal(signal.SIGUSR1, lambda *_: audits.append(pm.hook.startup_complete(runtime=runtime)))
 sent = []
+LINES = open(Process.begin.__code__.co_filename).readlines()
 
 def trace(frame, event, arg):
     if frame.f_code is not Process.begin.__code__:
         return None
     def local(frame, event, arg):
         # Inside the locked section: a real signal, handled on this thread right here.
-        if event == "line" and not sent and "self.startup" in open(frame.f_code.co_filename).readlines()[frame.f_lineno - 1]:
+        text = LINES[frame.f_lineno - 1]
+        if event == "line" and not sent and "self.startup" in text:
             sent.append(frame.f_lineno)
             os.kill(os.getpid(), signal.SIGUSR1)
         return local
@@ -220,9 +222,7 @@ print(json.dumps({"sent": len(sent), "handled": len(audits), "reclaimed": report
 """
 
 
-def test_a_signal_handler_calling_startup_complete_inside_the_locked_section_does_not_deadlock() -> (
-    None
-):
+def test_a_signal_handler_calling_startup_complete_inside_the_lock_does_not_deadlock() -> None:
     try:
         done = subprocess.run(
             [sys.executable, "-c", _SIGNAL_INSIDE_THE_LOCK],
