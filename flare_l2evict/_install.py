@@ -385,7 +385,7 @@ def _replacement(
     alive: _Alive,
     stock: Callable[[object, bool], Flush | None],
 ) -> SeamFunction:
-    def _l2_flush_fn(device: object, *, enabled: bool) -> Flush | None:
+    def seam_replacement(device: object, *, enabled: bool) -> Flush | None:
         if not enabled:
             return original(device, enabled=enabled)
         here = same_device(torch.device(device), target)  # type: ignore[call-overload]
@@ -397,9 +397,9 @@ def _replacement(
         counts.setdefault(_device_key(device), _Counts()).requested += 1
         return stock(device, False)
 
-    setattr(_l2_flush_fn, MARK, True)
-    _l2_flush_fn.__wrapped__ = original  # type: ignore[attr-defined]
-    return _l2_flush_fn
+    setattr(seam_replacement, MARK, True)
+    seam_replacement.__wrapped__ = original  # type: ignore[attr-defined]
+    return seam_replacement
 
 
 def _rebind(owner: object, name: str, original: object, replacement: object) -> Callable[[], None]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .._credit import Credit, credit
 from .._errors import InstallError
 from .._seam import b12x_origin, fork_function, measure_stock_buffer, prove_seam, versions
+from .._seam_table import FORK
 from .._settings import load_deployment_config, settings_from_config
 from .._text import shown
 from .._window import device_l2_bytes, stock_buffer_bytes
@@ -85,8 +86,8 @@ def run_check(
     measured = False
     seam: dict[str, Any]
     if fork_function() is not None:
-        seam = {"verdict": "installs", "via": "fork use_startup_eviction", "reason": None}
-        lines.append("seam: the fork's b12x.comm.pcie.use_startup_eviction (formula buffer)")
+        seam = {"verdict": "installs", "via": f"fork {FORK.function}", "reason": None}
+        lines.append(f"seam: the fork's {FORK.dotted} (formula buffer)")
     else:
         try:
             proof = prove_seam()
@@ -97,12 +98,12 @@ def run_check(
         else:
             seam = {
                 "verdict": "installs",
-                "via": "stock _l2_flush_fn",
+                "via": f"stock {proof.row.function}",
                 "extra_bindings": len(proof.bindings),
                 "reason": None,
             }
             extra = f"; {len(proof.bindings)} extra bindings redirected" if proof.bindings else ""
-            lines.append(f"seam: installs (stock b12x's _l2_flush_fn{extra})")
+            lines.append(f"seam: installs (stock b12x's {proof.row.function}{extra})")
             stock = measure_stock_buffer(proof.original, device, l2)
             stock_bytes, measured = stock.nbytes, stock.measured
     figures["seam"] = seam
