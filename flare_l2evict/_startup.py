@@ -21,22 +21,19 @@ allocator relies on:
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from ._agree import Agreement, RankOutcome, agree, settings_digest
+from ._allocator import refuse_async
 from ._credit import Credit
 from ._decision import choose
 from ._errors import L2EvictError, RuntimeContractError
 from ._install import Installation, install
 from ._lifecycle import PROCESS, Startup
 from ._log import say
+from ._outcome import DISABLED, NO_REPORT, Clock, Local, nothing, reason_of, report_of
 from ._report import ReclaimReport, StartupAudit
 from ._runtime import (
     Placement,
@@ -50,50 +47,9 @@ from ._runtime import (
 from ._settings import L2EvictSettings, read_section, settings_from_section, wants_raise
 from ._sizes import Sizes, measure_sizes
 from ._source import source_choice, storages_of
-from ._text import described, shown
+from ._text import shown
 
 log = logging.getLogger("flare_l2evict")
-
-DISABLED = "disabled by config (enabled = false)"
-"""The reason every report gives when the deployment turned the plugin off."""
-
-
-class _Clock:
-    """Wall time per step of the hook, for the report (``ReclaimReport.seconds``)."""
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
-
-    def total(self) -> dict[str, float]:
-        return {**self.seconds, "total": time.perf_counter() - self.started}
-
-
-@dataclass
-class _Local:
-    """What this rank brings to the agreement: its settings, sizes, installation and credit.
-
-    ``settings`` is ``None`` when they could not be read; ``raising`` is
-    whether the deployment asked for ``on_error = "raise"`` (read even from a
-    section that failed validation); ``error`` is the fault that made the
-    credit 0, if one did.
-    """
-
-    settings: L2EvictSettings | None = None
-    raising: bool = False
-    sizes: Sizes | None = None
-    installation: Installation | None = None
-    add: Callable[[ReclaimReport], object] | None = None
-    credit: Credit = field(default_factory=lambda: Credit(0, "not started"))
-    error: Exception | None = None
 
 
 def run(runtime: object) -> ReclaimReport:
@@ -113,11 +69,11 @@ def run(runtime: object) -> ReclaimReport:
         _settle(startup, None)
         if issubclass(type(error), L2EvictError) or not issubclass(type(error), Exception):
             raise  # on_error = "raise", KeyboardInterrupt, SystemExit
-        return _nothing(runtime, f"internal error in flare_l2evict ({_reason(error)})")
+        return nothing(runtime, f"internal error in flare_l2evict ({reason_of(error)})")
 
 
 def _run(runtime: object, startup: Startup) -> ReclaimReport:
-    clock = _Clock()
+    clock = Clock()
     with clock.step("runtime"):
         seen = read_snapshot(runtime)
         where = placement(seen)
@@ -127,21 +83,21 @@ def _run(runtime: object, startup: Startup) -> ReclaimReport:
     installation = _kept(local, agreed, startup)
     if installation is None and local.installation is not None and agreed.reclaimed_bytes:
         agreed = Agreement(0, agreed.fallback_ranks, "startup_complete ran during the hook")
-    report = _report(where, local, agreed, installation, clock.total())
+    report = report_of(where, local, agreed, installation, clock.total())
     if installation is None or local.add is None:
         return _fell_back(startup, report, local)
     return _offer(local.add, report, installation, startup, local)
 
 
-def _prepare(seen: Snapshot, startup: Startup, clock: _Clock) -> _Local:
+def _prepare(seen: Snapshot, startup: Startup, clock: Clock) -> Local:
     """Settings, runtime, sizes, choice and installation: this rank's credit, or why it is 0."""
-    local = _Local()
+    local = Local()
     try:
         with clock.step("settings"):
             _read_settings(seen, local)
         with clock.step("runtime"):
             facts = read_runtime(seen)
-            _refuse_async_allocator(facts)
+            refuse_async(facts.add_reclaimed)
         settings = local.settings
         if settings is None:  # a config that is no mapping: read_runtime named it already
             raise RuntimeContractError("runtime.config is not a mapping")
@@ -158,7 +114,7 @@ def _prepare(seen: Snapshot, startup: Startup, clock: _Clock) -> _Local:
         if startup.installation is not None:
             startup.installation.restore()
         local.installation, local.error = None, caught
-        local.credit = Credit(0, _reason(caught))
+        local.credit = Credit(0, reason_of(caught))
     except BaseException:
         if startup.installation is not None:
             startup.installation.restore()
@@ -166,7 +122,7 @@ def _prepare(seen: Snapshot, startup: Startup, clock: _Clock) -> _Local:
     return local
 
 
-def _read_settings(seen: Snapshot, local: _Local) -> None:
+def _read_settings(seen: Snapshot, local: Local) -> None:
     """Settings first, so ``on_error = "raise"`` also covers the runtime's faults.
 
     The section is read once, so both see the same values. A config that is
@@ -180,22 +136,8 @@ def _read_settings(seen: Snapshot, local: _Local) -> None:
         local.raising = local.settings.on_error == "raise"
 
 
-def _refuse_async_allocator(facts: RuntimeFacts) -> None:
-    """An ``async def add_reclaimed`` would never run: refuse it before anything is offered."""
-    add = facts.add_reclaimed
-    call = getattr(type(add), "__call__", None)  # noqa: B004  # the class's, for callable objects
-    if inspect.iscoroutinefunction(add) or (
-        not inspect.isroutine(add) and inspect.iscoroutinefunction(call)
-    ):
-        raise RuntimeContractError(
-            "runtime.kv_allocator.add_reclaimed is a coroutine function (async def): the plugin "
-            "calls it synchronously, so its credit would never be applied; fix: make "
-            "add_reclaimed a plain function that grows the KV budget before returning"
-        )
-
-
 def _choose_and_install(
-    facts: RuntimeFacts, settings: L2EvictSettings, sizes: Sizes, startup: Startup, clock: _Clock
+    facts: RuntimeFacts, settings: L2EvictSettings, sizes: Sizes, startup: Startup, clock: Clock
 ) -> tuple[Credit, Installation | None]:
     """The choice on this rank's tensors, installed when it covers the window; the credit.
 
@@ -216,7 +158,7 @@ def _choose_and_install(
     return made.credit, made
 
 
-def _kept(local: _Local, agreed: Agreement, startup: Startup) -> Installation | None:
+def _kept(local: Local, agreed: Agreement, startup: Startup) -> Installation | None:
     """The installation, if the ranks agreed on a credit and this start-up is still current."""
     installation = local.installation
     if installation is None:
@@ -232,7 +174,7 @@ def _offer(
     report: ReclaimReport,
     installation: Installation,
     startup: Startup,
-    local: _Local,
+    local: Local,
 ) -> ReclaimReport:
     """Hand the report to the KV allocator, once; from here on the credit stays backed."""
     try:
@@ -265,7 +207,7 @@ def _offer(
     return report
 
 
-def _fell_back(startup: Startup, report: ReclaimReport, local: _Local) -> ReclaimReport:
+def _fell_back(startup: Startup, report: ReclaimReport, local: Local) -> ReclaimReport:
     """Stock b12x kept: one WARNING line; under ``on_error = "raise"`` the same line raised."""
     _settle(startup, report)
     say(log, logging.WARNING, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
@@ -280,7 +222,7 @@ def _fell_back(startup: Startup, report: ReclaimReport, local: _Local) -> Reclai
 def _settle(startup: Startup, report: ReclaimReport | None) -> None:
     """Record the start-up as done, with its report."""
     with PROCESS.lock:
-        startup.report = report or startup.report or _NO_REPORT
+        startup.report = report or startup.report or NO_REPORT
 
 
 def _agree(where: Placement, local: Credit, settings: L2EvictSettings | None) -> Agreement:
@@ -292,7 +234,7 @@ def _agree(where: Placement, local: Credit, settings: L2EvictSettings | None) ->
             where.process_group,  # type: ignore[arg-type]
         )
     except Exception as caught:
-        return Agreement(0, {}, f"tensor-parallel agreement failed ({_reason(caught)})")
+        return Agreement(0, {}, f"tensor-parallel agreement failed ({reason_of(caught)})")
 
 
 def _refused(runtime: object, busy: Startup) -> ReclaimReport:
@@ -312,7 +254,7 @@ def _refused(runtime: object, busy: Startup) -> ReclaimReport:
         "changes nothing; fix: call before_first_capture once per start-up, and "
         "startup_complete before starting again"
     )
-    report = _nothing(runtime, reason)
+    report = nothing(runtime, reason)
     if _wants_raise(runtime):
         raise L2EvictError(f"l2evict failed and on_error = 'raise': {reason}")
     return report
@@ -343,74 +285,10 @@ def finish(runtime: object | None = None) -> StartupAudit:
     try:
         audit = StartupAudit(mechanism="none") if installation is None else installation.audit()
     except Exception as error:
-        audit = StartupAudit(mechanism="none", device=f"audit failed: {_reason(error)}")
+        audit = StartupAudit(mechanism="none", device=f"audit failed: {reason_of(error)}")
     if installation is not None:
         installation.end()
     if ended is not None or installation is not None:
         level = logging.WARNING if audit.warns else logging.INFO
         say(log, level, "flare_l2evict: audit: %s", audit.summary())
     return audit
-
-
-_NO_REPORT = ReclaimReport(
-    device="unknown", reclaimed_bytes=0, mechanism="none", reason="the hook did not finish"
-)
-
-
-def _nothing(runtime: object, reason: str) -> ReclaimReport:
-    """A report of 0 bytes for a call that changed nothing, logged as one WARNING line."""
-    where = placement(read_snapshot(runtime))
-    report = ReclaimReport(
-        device=where.device,
-        rank=where.rank,
-        world_size=where.world_size,
-        reclaimed_bytes=0,
-        mechanism="none",
-        reason=reason,
-    )
-    say(log, logging.WARNING, "flare_l2evict: this call changed nothing; %s", report.summary())
-    return report
-
-
-def _report(
-    where: Placement,
-    local: _Local,
-    agreed: Agreement,
-    installation: Installation | None,
-    seconds: dict[str, float],
-) -> ReclaimReport:
-    sizes = local.sizes
-    figures: dict[str, Any] = {} if sizes is None else {
-        "window_bytes": sizes.window_bytes,
-        "stock_buffer_bytes": sizes.stock.nbytes,
-        "race_jobs": sizes.race_jobs,
-    }  # fmt: skip
-    source: dict[str, Any] = {}
-    if installation is not None:
-        source = {
-            "source_tensor": installation.source_name,
-            "source_storage_bytes": sum(read.storage_bytes for read in installation.sources),
-            "sources": installation.sources,
-            "read_kernel": installation.read_kernel,
-        }
-    credited = agreed.reclaimed_bytes if installation is not None else 0
-    return ReclaimReport(
-        device=where.device,
-        rank=where.rank,
-        world_size=where.world_size,
-        reclaimed_bytes=credited,
-        local_reclaimed_bytes=local.credit.nbytes,
-        mechanism=installation.mechanism if installation is not None else "none",
-        reason=agreed.reason or (None if credited else local.credit.reason),
-        fallback_ranks=agreed.fallback_ranks,
-        seconds={name: round(value, 6) for name, value in seconds.items()},
-        **figures,
-        **source,
-    )
-
-
-def _reason(error: BaseException) -> str:
-    """One line: our own errors as they are, anything else with its type; never raises."""
-    if issubclass(type(error), L2EvictError):
-        return shown(" ".join(str(error).split()), 500)
-    return described(error, 500)
