@@ -320,7 +320,7 @@ def _sizes_outside_startup(choice: SourceChoice) -> Sizes:
     from ._sizes import measure_sizes
 
     l2 = None if choice.device.type == "cuda" else max(1, choice.window_bytes // 2)
-    settings = L2EvictSettings(window=choice.window_bytes)
+    settings = L2EvictSettings.model_construct(window=choice.window_bytes)  # as chosen, unchecked
     return measure_sizes(choice.device, l2, settings, 0)
 
 
