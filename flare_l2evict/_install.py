@@ -9,7 +9,6 @@ one (:data:`~._lifecycle.PROCESS`); :func:`active_installation` finds it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -42,17 +41,17 @@ class _Alive:
     """Evictions the seam handed out that b12x has not dropped yet, and the most at once."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # handles die on whatever thread drops them
         self.now = 0
         self.peak = 0
 
+    # Handles die on whatever thread drops them: the process lock (fork-safe) orders them.
     def handed(self) -> None:
-        with self._lock:
+        with PROCESS.lock:
             self.now += 1
             self.peak = max(self.peak, self.now)
 
     def dropped(self) -> None:
-        with self._lock:
+        with PROCESS.lock:
             self.now -= 1
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,14 +35,31 @@ if TYPE_CHECKING:
 class Startup:
     """One start-up: the runtime it belongs to, who runs it, what it installed and reported.
 
-    Holds the host's runtime only until ``startup_complete`` (the process
-    drops this object then).
+    The runtime is held weakly where it allows it, so a start-up that fell
+    back keeps no host object alive; once that runtime is gone, the start-up
+    belongs to whoever ends it.
     """
 
-    runtime: object
+    owner: Callable[[], object]
     thread: int
     installation: Installation | None = None
     report: ReclaimReport | None = None
+
+    @property
+    def runtime(self) -> object:
+        """The runtime that began it (``None`` once a weakly held one is gone)."""
+        return self.owner()
+
+    def belongs_to(self, runtime: object) -> bool:
+        owner = self.owner()
+        return owner is None or owner is runtime
+
+
+def _held(runtime: object) -> Callable[[], object]:
+    try:
+        return weakref.ref(runtime)
+    except TypeError:  # no __weakref__ slot: held strongly until startup_complete
+        return lambda: runtime
 
 
 class Process:
@@ -62,7 +80,7 @@ class Process:
             busy = self.startup
             if busy is not None:
                 return busy, False
-            self.startup = Startup(runtime, threading.get_ident())
+            self.startup = Startup(_held(runtime), threading.get_ident())
             return self.startup, True
 
     def current(self, startup: Startup) -> bool:
@@ -84,7 +102,7 @@ class Process:
         """
         with self.lock:
             startup = self.startup
-            if startup is None or runtime is None or startup.runtime is runtime:
+            if startup is None or runtime is None or startup.belongs_to(runtime):
                 self.startup = None
                 return startup, None
         return None, (
