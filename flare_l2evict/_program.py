@@ -10,17 +10,23 @@ instead of being offered to a KV allocator.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _startup
+from ._errors import L2EvictError
 from ._lifecycle import PROCESS
+from ._log import say
 from ._report import ReclaimReport
+from ._text import described_value
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger("flare_l2evict")
 
 
 class _KeptReport:
@@ -60,6 +66,20 @@ def _device_of(tensors: object) -> object:
         return None
 
 
+def _no_device(tensors: object, on_error: str) -> ReclaimReport:
+    """0 bytes, one line: ``tensors`` gave no device and none was passed."""
+    reason = (
+        f"evicting_from: tensors is {described_value(tensors)}, not a non-empty mapping of names "
+        "to tensors, and no device was given; nothing changed; fix: pass {name: tensor} for "
+        "the tensors that stay resident, or device="
+    )
+    if on_error == "raise":
+        raise L2EvictError(f"l2evict failed and on_error = 'raise': {reason}")
+    report = ReclaimReport(device="unknown", reclaimed_bytes=0, mechanism="none", reason=reason)
+    say(log, logging.WARNING, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
+    return report
+
+
 @contextmanager
 def evicting_from(
     tensors: Mapping[str, torch.Tensor],
@@ -95,6 +115,9 @@ def evicting_from(
         config={"plugins": {"l2evict": section}},
         tensors=tensors,
     )
+    if runtime.device is None:  # nothing to read a device from: say so in the program's words
+        yield _no_device(tensors, on_error)
+        return
     try:
         report = _startup.run(runtime)
         yield report

@@ -127,6 +127,14 @@ def test_inside_a_flare_start_up_it_credits_zero_and_ends_nothing_of_the_hosts()
     assert seam() is STOCK_SEAM
 
 
-def test_no_tensors_is_one_line_not_a_traceback() -> None:
-    with flare_l2evict.evicting_from({}, race_jobs=2, l2_cache_bytes=L2) as report:
-        assert report.reclaimed_bytes == 0 and report.reason and "\n" not in report.reason
+@pytest.mark.parametrize("tensors", [[1, 2], None, {}], ids=["list", "none", "empty"])
+def test_no_tensors_to_read_is_one_line_in_the_programs_words(tensors: object) -> None:
+    with flare_l2evict.evicting_from(tensors, race_jobs=2, l2_cache_bytes=L2) as report:  # type: ignore[arg-type]
+        assert report.reclaimed_bytes == 0 and seam() is STOCK_SEAM
+    assert report.reason is not None and "\n" not in report.reason
+    assert report.reason.startswith("evicting_from: tensors is") and "runtime." not in report.reason
+    with (
+        pytest.raises(L2EvictError, match=r"on_error = 'raise': evicting_from: tensors is"),
+        flare_l2evict.evicting_from(tensors, race_jobs=2, on_error="raise"),  # type: ignore[arg-type]
+    ):
+        raise AssertionError("the block must not run")
