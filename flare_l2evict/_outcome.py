@@ -55,7 +55,7 @@ class Clock:
 
 @dataclass
 class Local:
-    """What this rank brings to the agreement: its settings, sizes, installation and credit.
+    """What this rank brings to the agreement: its settings, sizes and credit.
 
     ``settings`` is ``None`` when they could not be read; ``raising`` is
     whether the deployment asked for ``on_error = "raise"`` (read even from a
@@ -66,7 +66,6 @@ class Local:
     settings: L2EvictSettings | None = None
     raising: bool = False
     sizes: Sizes | None = None
-    installation: Installation | None = None
     add: Callable[[ReclaimReport], object] | None = None
     credit: Credit = field(default_factory=lambda: Credit(0, "not started"))
     error: Exception | None = None

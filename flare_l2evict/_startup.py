@@ -80,8 +80,8 @@ def _run(runtime: object, startup: Startup) -> ReclaimReport:
     local = _prepare(seen, startup, clock)
     with clock.step("agree"):
         agreed = _agree(where, local.credit, local.settings)
-    installation = _kept(local, agreed, startup)
-    if installation is None and local.installation is not None and agreed.reclaimed_bytes:
+    installation = _kept(startup, local, agreed)
+    if installation is None and local.credit.nbytes and agreed.reclaimed_bytes:
         agreed = Agreement(0, agreed.fallback_ranks, "startup_complete ran during the hook")
     report = report_of(where, local, agreed, installation, clock.total())
     if installation is None or local.add is None:
@@ -107,13 +107,11 @@ def _prepare(seen: Snapshot, startup: Startup, clock: Clock) -> Local:
         with clock.step("seam"):
             sizes = measure_sizes(facts.device, facts.l2_cache_bytes, settings, facts.race_jobs)
         local.sizes, local.add = sizes, facts.add_reclaimed
-        local.credit, local.installation = _choose_and_install(
-            facts, settings, sizes, startup, clock
-        )
+        local.credit = _choose_and_install(facts, settings, sizes, startup, clock)
     except Exception as caught:
         if startup.installation is not None:
             startup.installation.restore()
-        local.installation, local.error = None, caught
+        local.error = caught
         local.credit = Credit(0, reason_of(caught))
     except BaseException:
         if startup.installation is not None:
@@ -138,8 +136,8 @@ def _read_settings(seen: Snapshot, local: Local) -> None:
 
 def _choose_and_install(
     facts: RuntimeFacts, settings: L2EvictSettings, sizes: Sizes, startup: Startup, clock: Clock
-) -> tuple[Credit, Installation | None]:
-    """The choice on this rank's tensors, installed when it covers the window; the credit.
+) -> Credit:
+    """The choice on this rank's tensors, installed when it covers the window; its credit.
 
     The installation computes the credit (from what it really reads) and is
     recorded on ``startup`` at once, so every guard after this sees it; one
@@ -149,19 +147,22 @@ def _choose_and_install(
         found, held = storages_of(read_tensors(facts), facts.device)
         choice = choose(found, sizes.window_bytes, settings.exclude, where=str(facts.device))
     if choice.shortfall is not None:
-        return Credit(0, choice.shortfall), None
+        return Credit(0, choice.shortfall)
     with clock.step("install"):
         made = startup.installation = install(source_choice(choice, held, facts.device), sizes)
     if made.credit.nbytes == 0:
         made.restore()
-        return made.credit, None
-    return made.credit, made
+    return made.credit
 
 
-def _kept(local: Local, agreed: Agreement, startup: Startup) -> Installation | None:
-    """The installation, if the ranks agreed on a credit and this start-up is still current."""
-    installation = local.installation
-    if installation is None:
+def _kept(startup: Startup, local: Local, agreed: Agreement) -> Installation | None:
+    """This start-up's installation, if it credits, the ranks agreed and the start-up is current.
+
+    ``startup.installation`` is the one handle on what this start-up made
+    (the process's, :attr:`~._lifecycle.Process.installed`, may be another's).
+    """
+    installation = startup.installation
+    if installation is None or installation.restored:
         return None
     if agreed.reclaimed_bytes == 0 or local.add is None or not PROCESS.current(startup):
         installation.restore()  # ranks race alike: if nothing is credited, nobody reads weights
