@@ -10,11 +10,14 @@ of L2-resident probes (1/8 and 1/2 of L2) right after each.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 import torch
 
-from flare_l2evict import WeightEviction, choose_source
+from flare_l2evict._eviction import WeightEviction
+from flare_l2evict._seam_table import stock_row
+from flare_l2evict._source import choose_source
 from flare_l2evict.tools.bench import Probe, compare, time_call
 
 
@@ -60,9 +63,10 @@ def main() -> None:
         torch.sum(tail, dim=0, out=one)
 
     variants["sum fp32 to 0-d, weights"] = sum_to_0d
-    from b12x.preparation._measurement import _l2_flush_fn
-
-    variants["b12x stock _l2_flush_fn"] = _l2_flush_fn(device, enabled=True)
+    row = stock_row()
+    variants[f"b12x stock {row.function}"] = getattr(
+        importlib.import_module(row.module_path), row.function
+    )(device, enabled=True)
     choice = choose_source({"weights": weights}, device, window)
     for kernel in ("auto", "torch"):
         eviction = WeightEviction(choice, kernel=kernel)

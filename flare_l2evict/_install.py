@@ -1,37 +1,30 @@
-"""Install a :class:`WeightEviction` into b12x's start-up races, and take it out again.
+"""Install a :class:`WeightEviction` into b12x's start-up races, credit it, offer it, undo it.
 
-This module is the one owner of what the package changes in b12x: at most one
-:class:`Installation` per process, held by a private slot object. It is found
-with :func:`active_installation` and undone with :meth:`Installation.restore`
-(or :func:`restore`); nothing outside this module changes the slot.
+An :class:`Installation` is made with the device's :class:`~._sizes.Sizes`
+and owns, from then on, everything about it: the credit (computed once, from
+what it really reads), the offer to the KV allocator and its hand-off with
+``startup_complete``, the audit, and the restore. The process holds at most
+one (:data:`~._lifecycle.PROCESS`); :func:`active_installation` finds it.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 
+from ._credit import Credit, credit
 from ._errors import InstallError
 from ._eviction import EvictionHandle, Kernel, WeightEviction
-from ._report import DeviceAudit, SourceRead, StartupAudit
-from ._seam import (
-    MARK,
-    SEAM_FUNCTION,
-    Flush,
-    SeamFunction,
-    SeamProof,
-    StockBuffer,
-    fork_function,
-    held_bytes,
-    measure_stock_buffer,
-    prove_seam,
-)
+from ._lifecycle import PROCESS
+from ._report import DeviceAudit, ReclaimReport, SourceRead, StartupAudit
+from ._seam import MARK, Flush, SeamFunction, SeamProof, StockBuffer, fork_function, held_bytes
+from ._sizes import Sizes
 from ._source import SourceChoice, same_device
-from ._text import shown
+from ._text import described, shown
+from ._window import WORD
 
 Mechanism = Literal["fork", "stock-seam"]
 
@@ -48,17 +41,17 @@ class _Alive:
     """Evictions the seam handed out that b12x has not dropped yet, and the most at once."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # handles die on whatever thread drops them
         self.now = 0
         self.peak = 0
 
+    # Handles die on whatever thread drops them: the process lock (fork-safe) orders them.
     def handed(self) -> None:
-        with self._lock:
+        with PROCESS.lock:
             self.now += 1
             self.peak = max(self.peak, self.now)
 
     def dropped(self) -> None:
-        with self._lock:
+        with PROCESS.lock:
             self.now -= 1
 
 
@@ -71,12 +64,19 @@ class _Offer:
 
 
 class Installation:
-    """Weights read in b12x's races on one device; :meth:`restore` puts stock back.
+    """Weights read in b12x's races on one device, the credit they back, and its offer.
 
-    Public surface: :attr:`mechanism`, :attr:`device`, :attr:`source_name`,
-    :attr:`sources`, :attr:`read_bytes`, :attr:`window_bytes`, :attr:`read_kernel`,
-    :meth:`views` (what is read), :meth:`record_offer` (the credit offered
-    against it), :meth:`audit` and :meth:`restore`.
+    Invariants the KV allocator relies on:
+
+    * :attr:`credit` is computed once, when it is made, from the bytes its
+      eviction really reads and the device's sizes; it is 0 unless the
+      eviction reads the whole window;
+    * from the moment :meth:`offer` records the credit, the installation stays
+      until :meth:`end` (``startup_complete``), whatever the allocator does or
+      raises; :meth:`end` during the offer (another thread, or a signal
+      handler on this one) restores once ``add_reclaimed`` has returned;
+    * :meth:`restore` puts stock b12x back and drops every reference to the
+      weights; it is idempotent and safe from any thread.
     """
 
     def __init__(
@@ -86,21 +86,33 @@ class Installation:
         undo: list[Callable[[], None]],
         counts: dict[str, _Counts],
         alive: _Alive,
+        sizes: Sizes,
         sources: tuple[SourceRead, ...],
     ) -> None:
         self.mechanism: Mechanism = mechanism
         self.device = eviction.device
         self.source_name = eviction.source_name
-        self.sources = sources
         self.read_bytes = eviction.read_bytes
         self.window_bytes = eviction.window_bytes
         self.read_kernel = eviction.kernel
+        self.sizes = sizes
+        self.sources = sources
+        """What the eviction reads, per region, for the report."""
         self._eviction = eviction
         self._undo = undo
         self._counts = counts
         self._alive = alive
         self._offer: _Offer | None = None
+        self._offering = False
+        self._ended = False
         self.restored = False
+        self.credit: Credit = credit(
+            installable=True,
+            race_jobs=sizes.race_jobs,
+            stock_buffer_bytes=sizes.stock.nbytes,
+            window_bytes=sizes.window_bytes // WORD * WORD,
+            read_bytes=self.read_bytes,
+        )
 
     def views(self) -> tuple[torch.Tensor, ...]:
         """The 1-d float32 views the eviction reads (empty once restored)."""
@@ -116,20 +128,58 @@ class Installation:
         """The credit offered to the KV allocator against this installation (0: none)."""
         return 0 if self._offer is None else self._offer.nbytes
 
-    def record_offer(
+    def offer(
         self,
-        nbytes: int,
-        *,
-        race_jobs: int,
-        stock_buffer_bytes: int,
-        allocator_error: str | None = None,
-    ) -> None:
-        """Record the credit handed to the KV allocator, and what it raised if it did.
+        add: Callable[[ReclaimReport], object],
+        report: ReclaimReport,
+        current: Callable[[], bool],
+    ) -> bool:
+        """Hand ``report`` to the allocator once, if ``current()``; whether it was handed.
 
-        Called before ``add_reclaimed`` and again if it raises: from the offer
-        on, the credit may have been applied, so the audit holds it to it.
+        ``current`` is asked under the process lock, so ``startup_complete``
+        either came before (nothing offered; the caller restores) or comes
+        after, and then waits for ``add_reclaimed`` to return. The credit is
+        recorded before the call: from then on it may have been applied, so
+        the installation stays and the audit holds it to it. What the
+        allocator raised is recorded, then raised again.
         """
-        self._offer = _Offer(nbytes, race_jobs, stock_buffer_bytes, allocator_error)
+        try:
+            with PROCESS.lock:
+                if not current():
+                    return False
+                self._offer = _Offer(
+                    report.reclaimed_bytes, self.sizes.race_jobs, self.sizes.stock.nbytes, None
+                )
+                self._offering = True
+            add(report)
+        except BaseException as raised:
+            if self._offer is not None:
+                self._offer = replace(self._offer, allocator_error=_one_line(raised))
+            raise
+        finally:
+            self.offer_over()
+        return True
+
+    @property
+    def allocator_error(self) -> str | None:
+        """What ``add_reclaimed`` raised, in one line (``None``: it returned)."""
+        return None if self._offer is None else self._offer.allocator_error
+
+    def offer_over(self) -> None:
+        """The offer has returned (or never began); an :meth:`end` that came meanwhile restores now.
+
+        Idempotent: the start-up calls it again from its last guard, so an
+        asynchronous exception inside the offer's own cleanup strands nothing.
+        """
+        self._offering = False
+        if self._ended:
+            self.restore()
+
+    def end(self) -> None:
+        """``startup_complete``: restore now, or once the offer in progress has returned."""
+        self._ended = True
+        if not self._offering:
+            self.restore()
 
     def audit(self) -> StartupAudit:
         """What b12x asked of the seam so far, per device, and the credit it cost."""
@@ -165,16 +215,17 @@ class Installation:
         )
 
     def restore(self) -> None:
-        """Stock b12x again, and no reference to the weights. Idempotent."""
-        if self.restored:
-            return
-        self.restored = True
+        """Stock b12x again, and no reference to the weights. Idempotent, from any thread."""
+        with PROCESS.lock:
+            if self.restored:
+                return
+            self.restored = True
         try:
             for undo in reversed(self._undo):
                 undo()
         finally:
             self._eviction.release()
-            _SLOT.release(self)
+            PROCESS.release(self)
 
     def __repr__(self) -> str:
         state = "restored" if self.restored else f"reads {self.read_bytes:,} bytes"
@@ -182,45 +233,18 @@ class Installation:
         return f"Installation({self.mechanism}, {name} on {self.device}, {state})"
 
 
-class _Slot:
-    """The one installation a process may hold; only this module's code changes it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._active: Installation | None = None
-
-    @property
-    def active(self) -> Installation | None:
-        return self._active
-
-    def fill(self, make: Callable[[], Installation]) -> Installation:
-        """Install what ``make`` builds, or refuse: the caller owns exactly what it gets."""
-        with self._lock:
-            if self._active is not None:
-                raise InstallError(
-                    f"{shown(repr(self._active), 300)} is already active in this process; "
-                    "fix: restore() it (or call startup_complete) before installing again"
-                )
-            self._active = make()
-            return self._active
-
-    def release(self, installation: Installation) -> None:
-        with self._lock:
-            if self._active is installation:
-                self._active = None
-
-
-_SLOT = _Slot()
+def _one_line(error: BaseException) -> str:
+    return described(error, 500)
 
 
 def active_installation() -> Installation | None:
     """The installation in force in this process, if any."""
-    return _SLOT.active
+    return PROCESS.installed
 
 
 def restore() -> None:
     """Put stock b12x back and release the weights, whatever is installed. Idempotent."""
-    installation = _SLOT.active
+    installation = PROCESS.installed
     if installation is not None:
         installation.restore()
 
@@ -236,7 +260,7 @@ def _device_key(device: object) -> str:
 
 
 def _counted_stock(
-    original: SeamFunction, counts: dict[str, _Counts], modelled_bytes: int
+    original: SeamFunction, counts: dict[str, _Counts], stock: StockBuffer
 ) -> Callable[[object, bool], Flush | None]:
     """Stock's eviction for ``device``, counted as a stock buffer with the bytes it took.
 
@@ -259,7 +283,7 @@ def _counted_stock(
                 if not fallback:
                     raise
                 made = None
-            grown = modelled_bytes if made is None else held_bytes(made)
+            grown = stock.nbytes if made is None else held_bytes(made)
         entry = counts.setdefault(_device_key(device), _Counts())
         entry.stock_buffers += 1
         entry.stock_bytes += max(0, grown)
@@ -269,47 +293,44 @@ def _counted_stock(
 
 
 def install(
-    choice: SourceChoice,
-    proof: SeamProof | None = None,
-    stock: StockBuffer | None = None,
-    *,
-    kernel: Kernel = "auto",
+    choice: SourceChoice, sizes: Sizes | None = None, *, kernel: Kernel = "auto"
 ) -> Installation:
     """Make b12x's race jobs on ``choice.device`` read the chosen weights.
 
-    Tried in order: the fork's ``b12x.comm.pcie.use_startup_eviction``
-    (restored with ``use_startup_eviction(None)``), then stock b12x's seam as
-    ``proof`` found it: every seam module's ``_l2_flush_fn`` and every other
+    Where the fork's API is present (:func:`~._seam.fork_function`) it is
+    handed the storage (and ``None`` to undo); otherwise stock b12x's seam as
+    ``sizes.proof`` found it: every seam module's function and every other
     binding of it is replaced by one function that hands each enabled call on
-    ``choice.device`` an :class:`~flare_l2evict.EvictionHandle` of the one
-    eviction, and defers to the original elsewhere. Every enabled call is
-    counted for :meth:`Installation.audit`, with the handles alive at once, and
-    every stock buffer made instead (other devices, or after the weights went
-    away) with the bytes it allocated. While an installation is active,
-    installing again raises :class:`~flare_l2evict.InstallError`, so a caller
-    owns exactly the installation it gets. Without ``proof`` the seam is proven
-    here (:class:`~flare_l2evict.InstallError` if it fails); without ``stock``
-    stock's buffer is measured on the device (start-up passes the one it
-    measured, so it is measured once).
+    ``choice.device`` an :class:`~flare_l2evict._eviction.EvictionHandle` of
+    the one eviction, and defers to the original elsewhere. Every enabled
+    call is counted for :meth:`Installation.audit`, with the handles alive at
+    once, and every stock buffer made instead (other devices, or after the
+    weights went away) with the bytes it allocated. While an installation is
+    active, installing again raises :class:`~flare_l2evict.InstallError`.
+
+    ``sizes`` ``None`` (benches and tests outside a start-up) measures them
+    here for 0 race jobs, so such an installation credits nothing.
     """
-    return _SLOT.fill(lambda: _make(choice, proof, stock, kernel))
+    found = sizes if sizes is not None else _sizes_outside_startup(choice)
+    return PROCESS.hold(lambda: _make(choice, found, kernel))
 
 
-def _make(
-    choice: SourceChoice, proof: SeamProof | None, stock: StockBuffer | None, kernel: Kernel
-) -> Installation:
+def _sizes_outside_startup(choice: SourceChoice) -> Sizes:
+    from ._settings import L2EvictSettings
+    from ._sizes import measure_sizes
+
+    l2 = None if choice.device.type == "cuda" else max(1, choice.window_bytes // 2)
+    settings = L2EvictSettings.model_construct(window=choice.window_bytes)  # as chosen, unchecked
+    return measure_sizes(choice.device, l2, settings, 0)
+
+
+def _make(choice: SourceChoice, sizes: Sizes, kernel: Kernel) -> Installation:
     counts: dict[str, _Counts] = {}
     alive = _Alive()
-    fork = fork_function()
-    if fork is None and proof is None:
-        proof = prove_seam()
-    if stock is None and proof is not None:
-        stock = measure_stock_buffer(proof.original, choice.device, choice.window_bytes // 2)
-    make_stock = (
-        None
-        if proof is None or stock is None
-        else _counted_stock(proof.original, counts, stock.nbytes)
-    )
+    fork = fork_function() if sizes.proof is None else None
+    make_stock = None
+    if sizes.proof is not None:
+        make_stock = _counted_stock(sizes.proof.original, counts, sizes.stock)
     device = choice.device  # the fallback must not hold the choice: it holds the weights
     eviction = WeightEviction(
         choice,
@@ -322,27 +343,37 @@ def _make(
         )
         for s in choice.storages
     )
-    undo: list[Callable[[], None]] = []
     if fork is not None:
         views = eviction.views()
         fork(views[0] if len(views) == 1 else views)
-        undo.append(lambda: fork(None))
-        return Installation("fork", eviction, undo, counts, alive, sources)
-    assert proof is not None and make_stock is not None
+        return Installation("fork", eviction, [lambda: fork(None)], counts, alive, sizes, sources)
+    if sizes.proof is None or make_stock is None:
+        eviction.release()
+        raise InstallError("the fork's API went away after it was found; stock b12x kept")
+    undo = _redirect(sizes.proof, eviction, counts, alive, make_stock)
+    return Installation("stock-seam", eviction, undo, counts, alive, sizes, sources)
+
+
+def _redirect(
+    proof: SeamProof,
+    eviction: WeightEviction,
+    counts: dict[str, _Counts],
+    alive: _Alive,
+    make_stock: Callable[[object, bool], Flush | None],
+) -> list[Callable[[], None]]:
+    """Replace every seam the proof found; the undo steps, in the order they were done."""
     target = eviction.device
     home = counts.setdefault(_device_key(target), _Counts())
     replacements: dict[int, SeamFunction] = {}
+    undo: list[Callable[[], None]] = []
     for module, original in proof.seams:
         replacement = _replacement(original, eviction, target, home, counts, alive, make_stock)
         replacements[id(original)] = replacement
-        undo.append(_rebind(module, SEAM_FUNCTION, original, replacement))
+        undo.append(_rebind(module, proof.row.function, original, replacement))
     for binding in proof.bindings:
-        undo.append(
-            _rebind(
-                binding.owner, binding.name, binding.original, replacements[id(binding.original)]
-            )
-        )
-    return Installation("stock-seam", eviction, undo, counts, alive, sources)
+        replacement = replacements[id(binding.original)]
+        undo.append(_rebind(binding.owner, binding.name, binding.original, replacement))
+    return undo
 
 
 def _replacement(
@@ -354,7 +385,7 @@ def _replacement(
     alive: _Alive,
     stock: Callable[[object, bool], Flush | None],
 ) -> SeamFunction:
-    def _l2_flush_fn(device: object, *, enabled: bool) -> Flush | None:
+    def seam_replacement(device: object, *, enabled: bool) -> Flush | None:
         if not enabled:
             return original(device, enabled=enabled)
         here = same_device(torch.device(device), target)  # type: ignore[call-overload]
@@ -366,9 +397,9 @@ def _replacement(
         counts.setdefault(_device_key(device), _Counts()).requested += 1
         return stock(device, False)
 
-    setattr(_l2_flush_fn, MARK, True)
-    _l2_flush_fn.__wrapped__ = original  # type: ignore[attr-defined]
-    return _l2_flush_fn
+    setattr(seam_replacement, MARK, True)
+    seam_replacement.__wrapped__ = original  # type: ignore[attr-defined]
+    return seam_replacement
 
 
 def _rebind(owner: object, name: str, original: object, replacement: object) -> Callable[[], None]:

@@ -1,15 +1,18 @@
 """Prove, before anything changes, that b12x's races take their eviction where the plugin can.
 
-Stock b12x makes each race's eviction buffer in one function,
-``b12x.preparation._measurement._l2_flush_fn(device, *, enabled)``. Redirecting
-that module global only helps if every race asks it at call time. This module
-checks that, in the b12x that is loaded, and measures what the function really
-allocates, so the KV credit rests on facts rather than on a copied formula.
+Stock b12x makes each race's eviction buffer in one function, named by a row
+of :mod:`._seam_table` (stock 1.5: ``_l2_flush_fn(device, *, enabled)`` of
+``b12x.preparation._measurement``). Redirecting that module global only helps
+if every race asks it at call time. This module checks that, for the row the
+loaded b12x matches, and measures what the function really allocates, so the
+KV credit rests on facts rather than on a copied formula.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
 import inspect
 import sys
 import types
@@ -21,23 +24,10 @@ import torch
 
 from ._errors import InstallError
 from ._provider import provider_problem, versions
-from ._window import stock_buffer_bytes
+from ._seam_table import ROOTS, SeamRow, fork_rows, stock_row, stock_rows
 
-SEAM_MODULE = "b12x.preparation._measurement"
-SEAM_FUNCTION = "_l2_flush_fn"
-FORK_MODULE = "b12x.comm.pcie"
-FORK_FUNCTION = "use_startup_eviction"
 MARK = "__flare_l2evict__"
 """Attribute set on the plugin's replacement of the seam (its ``__wrapped__`` is the original)."""
-
-PACKAGE_ROOTS = ("b12x", "flashinfer.experimental.b12x")
-"""Where a loaded b12x lives: standalone, or inside flashinfer-python (which aliases the first)."""
-
-CALLERS = (
-    ("preparation._measurement", "prepare_race_steps"),
-    ("preparation.session", "PreparationJob._measure"),
-)
-"""The race code known to make evictions: (module under the root, qualified name)."""
 
 FIX = "fix: pip install 'flashinfer-python>=0.7.2' (or b12x>=1.5)"
 
@@ -68,6 +58,8 @@ class SeamProof:
     bindings: tuple[Binding, ...]
     b12x_version: str | None
     flashinfer_version: str | None
+    row: SeamRow
+    """The table's row this b12x matched: the names an installation replaces."""
 
     @property
     def original(self) -> SeamFunction:
@@ -95,50 +87,56 @@ def unwrap(function: Any) -> Any:
 
 
 def fork_function() -> Callable[..., Any] | None:
-    """The fork's ``use_startup_eviction``, where the loaded b12x has it."""
-    try:
-        module = importlib.import_module(FORK_MODULE)
-    except Exception:  # stock b12x may not even ship comm.pcie on every build
-        return None
-    function = getattr(module, FORK_FUNCTION, None)
-    return function if callable(function) else None
+    """The fork's API where the loaded b12x has it: the one place fork-or-stock is chosen.
+
+    Where a fork row of :mod:`._seam_table` resolves, its function is used and
+    no stock seam is proven; otherwise :func:`prove_seam` proves a stock row.
+    """
+    for row in fork_rows():
+        function = row.loaded()
+        if function is not None:
+            return function
+    return None
 
 
 def _loaded_b12x() -> list[types.ModuleType]:
     seen: dict[int, types.ModuleType] = {}
     for name, module in list(sys.modules.items()):
         if isinstance(module, types.ModuleType) and any(
-            name == root or name.startswith(root + ".") for root in PACKAGE_ROOTS
+            name == root or name.startswith(root + ".") for root in ROOTS
         ):
             seen.setdefault(id(module), module)
     return list(seen.values())
 
 
-def _check_signature(module: types.ModuleType, original: object) -> SeamFunction:
+def _check_signature(row: SeamRow, module: types.ModuleType, original: object) -> SeamFunction:
     if not callable(original):
         raise InstallError(
-            f"{module.__name__}.{SEAM_FUNCTION} is missing: this b12x is not one whose race "
+            f"{module.__name__}.{row.function} is missing: this b12x is not one whose race "
             f"eviction the plugin knows; {FIX}"
         )
     try:
-        shape = [(p.name, p.kind) for p in inspect.signature(original).parameters.values()]
+        shape = [(p.name, p.kind.name) for p in inspect.signature(original).parameters.values()]
     except (TypeError, ValueError):
         shape = []
-    expected = [
-        ("device", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        ("enabled", inspect.Parameter.KEYWORD_ONLY),
-    ]
-    if shape != expected:
+    if tuple(shape) != row.signature:
+        expected = ", ".join(_shown_parameters(row))
         raise InstallError(
-            f"{module.__name__}.{SEAM_FUNCTION} has signature {shape!r}, not (device, *, enabled): "
-            f"this b12x changed its race eviction; {FIX}, or pin flare-l2evict to a release "
-            "that knows this b12x"
+            f"{module.__name__}.{row.function} has signature {shape!r}, not ({expected}) as "
+            f"{row.name} has it: this b12x changed its race eviction; {FIX}, or pin "
+            "flare-l2evict to a release that knows this b12x"
         )
     return original
 
 
-def _root_of(module: types.ModuleType) -> str:
-    return module.__name__[: -len(".preparation._measurement")]
+def _shown_parameters(row: SeamRow) -> list[str]:
+    """The row's parameters as Python writes them: ``device, *, enabled``."""
+    shown: list[str] = []
+    for name, kind in row.signature:
+        if kind == "KEYWORD_ONLY" and "*" not in shown:
+            shown.append("*")
+        shown.append(name)
+    return shown
 
 
 def _resolve(root: str, module_tail: str, qualname: str) -> object | None:
@@ -154,42 +152,47 @@ def _resolve(root: str, module_tail: str, qualname: str) -> object | None:
     return target
 
 
-def _check_callers(root: str) -> None:
-    for module_tail, qualname in CALLERS:
+def _check_callers(row: SeamRow, root: str) -> None:
+    for module_tail, qualname in row.callers:
         caller = _resolve(root, module_tail, qualname)
-        if caller is None and module_tail == "preparation.session":
-            continue  # a b12x without preparation sessions makes no job evictions
+        if caller is None and module_tail in row.optional:
+            continue
         code = getattr(caller, "__code__", None)
         if code is None:
             raise InstallError(
                 f"{root}.{module_tail}.{qualname} is missing: this b12x races in code the "
                 f"plugin does not know; {FIX}"
             )
-        if SEAM_FUNCTION not in code.co_names:
+        if row.function not in code.co_names:
             raise InstallError(
-                f"{root}.{module_tail}.{qualname} no longer asks {SEAM_FUNCTION} for its "
+                f"{root}.{module_tail}.{qualname} no longer asks {row.function} for its "
                 "eviction, so its buffers cannot be taken over; stock b12x kept. "
                 f"{FIX}, or pin flare-l2evict to a release that knows this b12x"
             )
 
 
 def _bindings(
-    modules: list[types.ModuleType], originals: dict[int, SeamFunction], seams: set[int]
+    row: SeamRow,
+    modules: list[types.ModuleType],
+    originals: dict[int, SeamFunction],
+    seams: set[int],
 ) -> list[Binding]:
     found: list[Binding] = []
     for module in modules:
         for name, value in list(vars(module).items()):
             value = unwrap(value)
-            if id(value) in originals and not (id(module) in seams and name == SEAM_FUNCTION):
+            if id(value) in originals and not (id(module) in seams and name == row.function):
                 found.append(Binding(module, name, originals[id(value)]))
             elif isinstance(value, type) and value.__module__ == module.__name__:
-                _refuse_hidden(value, originals, f"{module.__name__}.{name}")
+                _refuse_hidden(row, value, originals, f"{module.__name__}.{name}")
             elif isinstance(value, types.FunctionType):
-                _refuse_hidden(value, originals, f"{module.__name__}.{name}")
+                _refuse_hidden(row, value, originals, f"{module.__name__}.{name}")
     return found
 
 
-def _refuse_hidden(owner: object, originals: dict[int, SeamFunction], where: str) -> None:
+def _refuse_hidden(
+    row: SeamRow, owner: object, originals: dict[int, SeamFunction], where: str
+) -> None:
     """Refuse copies of the seam the plugin cannot redirect: class attributes, defaults."""
     held: list[object] = []
     if isinstance(owner, type):
@@ -200,67 +203,87 @@ def _refuse_hidden(owner: object, originals: dict[int, SeamFunction], where: str
         held.extend((getattr(owner, "__kwdefaults__", None) or {}).values())
     if any(id(unwrap(item)) in originals for item in held):
         raise InstallError(
-            f"{where} holds its own copy of {SEAM_FUNCTION}, which the plugin cannot redirect; "
+            f"{where} holds its own copy of {row.function}, which the plugin cannot redirect; "
             f"stock b12x kept. {FIX}, or pin flare-l2evict to a release that knows this b12x"
         )
 
 
-def prove_seam() -> SeamProof:
-    """Check the loaded b12x and return what an installation must replace.
-
-    Imports the seam module and its callers' modules, then checks, changing
-    nothing: the seam's signature in every loaded copy of b12x; that each
-    known caller (:data:`CALLERS`) names the seam in its code, i.e. looks it
-    up when it runs; that no class attribute or default argument holds the
-    original; and that a disabled call returns ``None`` without raising.
-    Module-level bindings of the original elsewhere in b12x are returned as
-    :class:`Binding` for the installation to redirect too. Raises
-    :class:`InstallError` with the reason and the fix.
-    """
-    if (problem := provider_problem()) is not None:  # no usable torch or b12x: say which
-        raise InstallError(problem)
+def _import_row() -> SeamRow:
+    """The first stock row whose module imports; raises naming the first row when none does."""
+    rows = stock_rows()
+    for row in rows:
+        try:
+            importlib.import_module(row.module_path)
+        except ImportError:
+            continue
+        except Exception as error:  # a broken install fails in its own ways
+            raise InstallError(
+                f"importing {row.module_path} failed ({type(error).__name__}: {error}); {FIX}"
+            ) from None
+        return row
     try:
-        importlib.import_module(SEAM_MODULE)
+        importlib.import_module(rows[0].module_path)
     except ImportError as error:
         b12x, flashinfer = versions()
         if b12x or flashinfer:
             which = f"b12x {b12x}" if b12x else f"flashinfer-python {flashinfer}"
             raise InstallError(
-                f"{which} has no {SEAM_MODULE} ({error}): it runs no start-up races the plugin "
-                f"knows; {FIX}"
+                f"{which} has no {rows[0].module_path} ({error}): it runs no start-up races the "
+                f"plugin knows; {FIX}"
             ) from None
         raise InstallError(f"b12x is not importable ({error}); {FIX}") from None
-    except Exception as error:  # a broken install fails in its own ways
+    return rows[0]  # imported on the second try: a module that fails once, then loads
+
+
+def _probe_disabled(row: SeamRow, original: SeamFunction) -> None:
+    try:
+        probe = original(torch.device("cpu"), enabled=False)
+    except Exception as error:
         raise InstallError(
-            f"importing {SEAM_MODULE} failed ({type(error).__name__}: {error}); {FIX}"
+            f"{row.dotted}(enabled=False) raised {type(error).__name__}: {error}; stock b12x "
+            f"kept. {FIX}"
         ) from None
-    modules = _loaded_b12x()
+    if probe is not None:
+        raise InstallError(
+            f"{row.dotted}(enabled=False) returned {type(probe).__name__}, not None: this b12x "
+            f"changed its race eviction; {FIX}"
+        )
+
+
+def prove_seam() -> SeamProof:
+    """Check the loaded b12x against its stock row and return what an installation must replace.
+
+    Imports the first stock row's module that exists (:mod:`._seam_table`)
+    and its callers' modules, then checks, changing nothing: the seam's
+    signature in every loaded copy of b12x; that each of the row's callers
+    names the seam in its code, i.e. looks it up when it runs; that no class
+    attribute or default argument holds the original; and that a disabled
+    call returns ``None`` without raising. Module-level bindings of the
+    original elsewhere in b12x are returned as :class:`Binding` for the
+    installation to redirect too. Raises :class:`InstallError` with the
+    reason and the fix.
+    """
+    if (problem := provider_problem()) is not None:  # no usable torch or b12x: say which
+        raise InstallError(problem)
+    row = _import_row()
     seams: list[tuple[types.ModuleType, SeamFunction]] = []
-    for module in modules:
-        if module.__name__.endswith(".preparation._measurement"):
-            original = _check_signature(module, unwrap(getattr(module, SEAM_FUNCTION, None)))
+    roots: list[str] = []
+    for module in _loaded_b12x():
+        root = row.root_of(module.__name__)
+        if root is not None:
+            original = _check_signature(row, module, unwrap(getattr(module, row.function, None)))
             if all(module is not m for m, _ in seams):
                 seams.append((module, original))
-    for module, _ in seams:
-        _check_callers(_root_of(module))
+                roots.append(root)
+    for root in roots:
+        _check_callers(row, root)
     modules = _loaded_b12x()  # the callers' modules are loaded now
     originals = {id(original): original for _, original in seams}
-    bindings = _bindings(modules, originals, {id(m) for m, _ in seams})
+    bindings = _bindings(row, modules, originals, {id(m) for m, _ in seams})
     for _, original in seams:
-        try:
-            probe = original(torch.device("cpu"), enabled=False)
-        except Exception as error:
-            raise InstallError(
-                f"{SEAM_MODULE}.{SEAM_FUNCTION}(enabled=False) raised "
-                f"{type(error).__name__}: {error}; stock b12x kept. {FIX}"
-            ) from None
-        if probe is not None:
-            raise InstallError(
-                f"{SEAM_MODULE}.{SEAM_FUNCTION}(enabled=False) returned {type(probe).__name__}, "
-                f"not None: this b12x changed its race eviction; {FIX}"
-            )
+        _probe_disabled(row, original)
     b12x, flashinfer = versions()
-    return SeamProof(tuple(seams), tuple(bindings), b12x, flashinfer)
+    return SeamProof(tuple(seams), tuple(bindings), b12x, flashinfer, row)
 
 
 def measure_stock_buffer(
@@ -286,7 +309,7 @@ def measure_stock_buffer(
     try:
         made = original(device, enabled=True)
     except Exception:
-        return StockBuffer(stock_buffer_bytes(l2_cache_bytes), measured=False)
+        return StockBuffer(stock_row().buffer_bytes(l2_cache_bytes), measured=False)
     held = held_bytes(made)
     del made
     return StockBuffer(held, measured=True)

@@ -73,7 +73,9 @@ class KVAllocator(Protocol):
         the KV cache. The figure is already agreed across tensor-parallel ranks.
         It must not call ``before_first_capture`` again (such a call credits 0).
         If it raises, the plugin assumes the credit may have been applied: the
-        eviction that backs it stays installed until ``startup_complete``.
+        eviction that backs it stays installed until ``startup_complete``. It
+        must be a plain function: an ``async def`` one is refused before the
+        offer (its coroutine would never run).
         """
 
 
@@ -146,4 +148,7 @@ class FlareStartupSpec:
         A plugin that changed the races returns a :class:`StartupAudit` of what
         they really did (evictions asked and served, stock buffers made after
         the credit) for the host's log; it has already logged one line of it.
+        A start-up belongs to its runtime: called with another runtime than the
+        one ``before_first_capture`` got (a second model's), it changes nothing
+        and logs one line.
         """

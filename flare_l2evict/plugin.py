@@ -1,32 +1,34 @@
 """The ``flare.plugins`` entry point ``l2evict``: the hook implementations.
 
-pluggy registers this module itself; the start-up's state lives in one
-:class:`~flare_l2evict._startup.L2EvictStartup` per process, the installation
-in :mod:`flare_l2evict._install`. Imports only runtime modules (a test pins it).
+pluggy registers this module itself. It keeps no state: the start-up in
+progress and what is installed live in :data:`flare_l2evict._lifecycle.PROCESS`.
+Imports only runtime modules (a test pins it).
 """
 
 from __future__ import annotations
 
+from . import _startup
 from ._markers import hookimpl
 from ._report import ReclaimReport, StartupAudit
-from ._startup import L2EvictStartup
 from .hookspecs import FlareRuntime
-
-_STARTUP = L2EvictStartup()
 
 
 @hookimpl
 def before_first_capture(runtime: FlareRuntime) -> ReclaimReport:
     """Point b12x's race eviction at resident weights and credit the KV allocator."""
-    return _STARTUP.run(runtime)
+    return _startup.run(runtime)
 
 
 @hookimpl
 def startup_complete(runtime: FlareRuntime) -> StartupAudit:
-    """Audit the races, restore stock b12x and drop every reference to the weights."""
-    return _STARTUP.finish()
+    """Audit the races, restore stock b12x and drop every reference to the weights.
+
+    Ends only the start-up this ``runtime`` began; any other call is a no-op
+    with one line.
+    """
+    return _startup.finish(runtime)
 
 
 def finish() -> StartupAudit:
-    """What ``startup_complete`` does, for hosts and tests that end a start-up early."""
-    return _STARTUP.finish()
+    """End whichever start-up is active (hosts and tests that end a start-up early)."""
+    return _startup.finish(None)

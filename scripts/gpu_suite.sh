@@ -19,7 +19,7 @@ python3 -c "import torch, importlib.metadata as m; print('torch', torch.__versio
 
 python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py tests/test_gpu_host.py \
     tests/test_cute_guard.py tests/test_readme.py tests/test_tp_nccl.py tests/test_gpu_freed.py \
-    tests/test_check.py tests/test_bench_report.py 2>&1 | tee "$OUT/gpu-tests.log"
+    tests/test_check.py tests/test_bench_report.py tests/test_gpu_evicting.py 2>&1 | tee "$OUT/gpu-tests.log"
 tests=${PIPESTATUS[0]}
 python3 -m flare_l2evict startup --device cuda:0 --plugin l2evict --profile h200 2>&1 | tee "$OUT/startup.log"
 startup=${PIPESTATUS[0]}

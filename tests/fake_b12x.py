@@ -110,14 +110,38 @@ def write_fake(
     return root
 
 
-def use_fake(monkeypatch: pytest.MonkeyPatch, root: Path) -> ModuleType:
-    """Hide the real b12x (both import names) for this test and import the fake instead."""
+def write_moved_fake(root: Path, *, l2: int, module: str, function: str) -> Path:
+    """A release whose seam moved: ``preparation.<module>.<function>``, stock's shape otherwise.
+
+    No ``preparation._measurement`` exists; the session imports the new name at call time.
+    """
+    package = root / "b12x"
+    (package / "preparation").mkdir(parents=True)
+    (package / "__init__.py").write_text('"""fake b12x, seam moved"""\n')
+    (package / "preparation" / "__init__.py").write_text("")
+    guard = "if not enabled:\n        return None"
+    text = MEASUREMENT.format(l2=l2, factor=2, guard=guard, race_maker=function)
+    text = text.replace("def _l2_flush_fn(", f"def {function}(")
+    (package / "preparation" / f"{module}.py").write_text(textwrap.dedent(text))
+    session = _SESSION.format(
+        top="",
+        inside=f"from .{module} import {function}",
+        call=f"{function}(self.device, enabled=True)",
+    )
+    (package / "preparation" / "session.py").write_text(textwrap.dedent(session))
+    return root
+
+
+def use_fake(
+    monkeypatch: pytest.MonkeyPatch, root: Path, seam: str = "preparation._measurement"
+) -> ModuleType:
+    """Hide the real b12x (both import names) for this test and import the fake's seam module."""
     for name in list(sys.modules):
         if name == "b12x" or name.startswith(("b12x.", "flashinfer.experimental.b12x")):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(root))
     importlib.invalidate_caches()
-    return importlib.import_module("b12x.preparation._measurement")
+    return importlib.import_module(f"b12x.{seam}")
 
 
 def job_evictions(jobs: int) -> list[Callable[[], object]]:

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from figures import KV_BYTES_PER_TOKEN
 
-import flare_l2evict
 from flare_l2evict import hookimpl
+from flare_l2evict._install import active_installation
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_example_checkpoint
 
 
@@ -29,7 +29,7 @@ class StorageDeviceCheck:
 
     @hookimpl(trylast=True)
     def before_first_capture(self, runtime: object) -> None:
-        installation = flare_l2evict.active_installation()
+        installation = active_installation()
         if installation is not None:
             self.devices = sorted({str(v.device) for v in installation.views()})
 

@@ -12,8 +12,10 @@ import torch
 from figures import MiB
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-import flare_l2evict
-from flare_l2evict import credit, plugin, stock_buffer_bytes
+from flare_l2evict import plugin
+from flare_l2evict._credit import credit
+from flare_l2evict._install import active_installation
+from flare_l2evict._window import stock_buffer_bytes
 from flare_l2evict.tools.reference_host import ReferenceKVAllocator, plugin_manager
 
 pytest.importorskip("b12x.preparation._measurement")
@@ -117,7 +119,7 @@ def test_the_hook_never_raises_and_never_over_credits(
     pm = plugin_manager(["l2evict"])
     try:
         (report,) = pm.hook.before_first_capture(runtime=runtime)
-        installation = flare_l2evict.active_installation()
+        installation = active_installation()
         if report.reclaimed_bytes == 0:
             assert installation is None  # nothing left installed without a credit
         else:

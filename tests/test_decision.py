@@ -6,8 +6,7 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from flare_l2evict import Storages
-from flare_l2evict._decision import Choice, choose
+from flare_l2evict._decision import Choice, Storages, choose
 
 WORD = 4
 

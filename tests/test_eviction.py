@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from flare_l2evict import WeightEviction, choose_source
+from flare_l2evict._eviction import WeightEviction
+from flare_l2evict._source import choose_source
 
 
 def digest(tensor: torch.Tensor) -> str:

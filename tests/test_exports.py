@@ -1,8 +1,9 @@
-"""The package's public names: one list, each importable, mirrored for type checkers."""
+"""The package's public names: the host contract, one list, held here, listed in the README."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,47 @@ from pathlib import Path
 import flare_l2evict
 
 INIT = Path(flare_l2evict.__file__)
+README = INIT.parents[1] / "README.md"
+
+PUBLIC = {
+    # the host contract: hook spec, runtime protocol, markers
+    "FlareRuntime",
+    "FlareStartupSpec",
+    "KVAllocator",
+    "hookimpl",
+    "hookspec",
+    # the reports
+    "ReclaimReport",
+    "StartupAudit",
+    "DeviceAudit",
+    "SourceRead",
+    # the errors
+    "L2EvictError",
+    "ConfigError",
+    "CheckpointError",
+    "InstallError",
+    "SourceError",
+    "RuntimeContractError",
+    "PluginNotFoundError",
+    # the settings
+    "L2EvictSettings",
+    "load_deployment_config",
+    # what a host, an operator or a program calls
+    "restore",
+    "evicting_from",
+}
+
+
+def test_the_public_names_are_the_host_contract_and_no_more() -> None:
+    assert set(flare_l2evict._EXPORTS) == PUBLIC
+    assert len(PUBLIC) <= 20
+
+
+def test_the_readme_lists_exactly_the_public_names() -> None:
+    text = README.read_text()
+    section = text.split("## Public API", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"`flare_l2evict\.([A-Za-z0-9_]+)`", section))
+    assert listed - {"hookspecs", "plugin"} == PUBLIC  # the two modules are named too
 
 
 def test_every_exported_name_resolves_from_its_module() -> None:

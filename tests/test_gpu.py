@@ -25,8 +25,11 @@ import torch
 from figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
 
 import flare_l2evict
-from flare_l2evict import WeightEviction, choose_source, install, stock_window_bytes
-from flare_l2evict._eviction import Kernel
+from flare_l2evict._credit import READ_KERNEL_BYTES
+from flare_l2evict._eviction import Kernel, WeightEviction
+from flare_l2evict._install import install
+from flare_l2evict._source import choose_source
+from flare_l2evict._window import stock_window_bytes
 from flare_l2evict.tools.bench import Probe, compare
 from flare_l2evict.tools.bench._probe import spacer
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, example_tensors
@@ -93,7 +96,8 @@ def test_read_kernel_is_triton_where_it_loads(
 
 _CODE_PROBE = """
 import json, torch
-from flare_l2evict import WeightEviction, choose_source
+from flare_l2evict._eviction import WeightEviction
+from flare_l2evict._source import choose_source
 device = torch.device("cuda", 0)
 weights = torch.ones(64 << 18, device=device)
 small = torch.empty(8193, device=device)  # a small-pool segment exists, as in any server
@@ -112,7 +116,7 @@ def test_read_kernel_code_fits_its_charge() -> None:
     )
     got = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"read kernel {got['kernel']}: device memory taken by build + load {got['taken']:,} B")
-    assert got["taken"] <= flare_l2evict.READ_KERNEL_BYTES
+    assert got["taken"] <= READ_KERNEL_BYTES
 
 
 def test_cold_l2_probe_matches_stock(

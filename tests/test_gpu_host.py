@@ -15,7 +15,9 @@ from figures import OWN, MiB
 
 import flare_l2evict
 import flare_l2evict._eviction
-from flare_l2evict import EvictionHandle, plugin
+from flare_l2evict import plugin
+from flare_l2evict._eviction import EvictionHandle
+from flare_l2evict._install import active_installation
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
     ReferenceRuntime,
@@ -136,7 +138,7 @@ def test_tensors_over_one_cuda_allocation_count_once(
     (report,) = pm.hook.before_first_capture(runtime=runtime_for(short, device))
     print(f"16 aliases of {half.nbytes():,} bytes: {report.summary()}")
     assert report.reclaimed_bytes == 0 and "1 eligible storages" in (report.reason or "")
-    assert flare_l2evict.active_installation() is None
+    assert active_installation() is None
 
 
 def measurement_seam(device: torch.device) -> EvictionHandle:

@@ -44,7 +44,10 @@ from figures import OWN, MiB
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import flare_l2evict
-from flare_l2evict import EvictionHandle, L2EvictError, ReclaimReport, plugin
+from flare_l2evict import L2EvictError, ReclaimReport, plugin
+from flare_l2evict._eviction import EvictionHandle
+from flare_l2evict._install import active_installation, install
+from flare_l2evict._source import choose_source
 from flare_l2evict.hookspecs import RUNTIME_ATTRIBUTES
 from flare_l2evict.tools.reference_host import plugin_manager
 
@@ -170,7 +173,7 @@ def test_an_allocator_that_raises_keeps_the_eviction_until_startup_complete(
     assert report.reclaimed_bytes == CREDIT
     assert report.allocator_error is not None and "allocator" in report.allocator_error
     assert runtime.kv_allocator.applied == (CREDIT if mode == "apply-then-raise" else 0)
-    installation = flare_l2evict.active_installation()
+    installation = active_installation()
     assert installation is not None and installation.offered_bytes == CREDIT
     assert seam_is_ours()
     assert isinstance(measurement._l2_flush_fn(torch.device("cpu"), enabled=True), EvictionHandle)
@@ -252,11 +255,11 @@ def test_partly_overlapping_storages_are_read_once_each_byte() -> None:
         "a": torch.empty(0).set_(base[0 : 64 * MiB], 0, (16 * MiB,), (1,)),
         "b": torch.empty(0).set_(base[32 * MiB : 96 * MiB], 0, (16 * MiB,), (1,)),
     }
-    choice = flare_l2evict.choose_source(tensors, "cpu", 96 * MiB)
+    choice = choose_source(tensors, "cpu", 96 * MiB)
     (region,) = choice.storages
     assert region.nbytes == 96 * MiB and choice.read_bytes == 96 * MiB
     with pytest.raises(flare_l2evict.SourceError, match=r"96.*distinct bytes"):
-        flare_l2evict.choose_source(tensors, "cpu", 128 * MiB)  # 2 x 64 MiB, but 96 distinct
+        choose_source(tensors, "cpu", 128 * MiB)  # 2 x 64 MiB, but 96 distinct
 
 
 # 5. Any attribute may be a property that raises.
@@ -275,7 +278,7 @@ def test_a_raising_property_gives_zero_and_one_line(
     shown = "kv_allocator" if name == "add_reclaimed" else name
     assert report.reason is not None
     assert f"runtime.{shown}" in report.reason and "exploded" in report.reason
-    assert flare_l2evict.active_installation() is None and not seam_is_ours()
+    assert active_installation() is None and not seam_is_ours()
     (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
     assert line.levelno == logging.WARNING and "\n" not in line.getMessage()
 
@@ -346,7 +349,7 @@ def test_on_error_raise_raises_for_contract_violations(change: dict[str, Any], l
         hook(runtime)
     assert line in str(raised.value) and "\n" not in str(raised.value)
     assert runtime.kv_allocator.applied == 0
-    assert flare_l2evict.active_installation() is None and not seam_is_ours()
+    assert active_installation() is None and not seam_is_ours()
 
 
 # 10. KeyboardInterrupt / SystemExit from add_reclaimed.
@@ -373,7 +376,7 @@ def test_a_base_exception_before_the_offer_leaves_nothing_installed() -> None:
     runtime = hostile(tensors=InterruptedTensorsStandIn(weights()))
     with pytest.raises(KeyboardInterrupt):
         hook(runtime)
-    assert flare_l2evict.active_installation() is None and not seam_is_ours()
+    assert active_installation() is None and not seam_is_ours()
     assert runtime.kv_allocator.applied == 0
 
 
@@ -455,7 +458,7 @@ def test_no_host_behaviour_over_credits_or_leaves_a_credit_unbacked(
         thread.join()
     applied = sum(a.applied for a in allocators)
     assert applied in (0, CREDIT)  # at most one credit, across every allocator
-    installation = flare_l2evict.active_installation()
+    installation = active_installation()
     if applied:
         assert installation is not None and installation.offered_bytes == CREDIT
         assert seam_is_ours()  # backed until startup_complete
@@ -464,7 +467,7 @@ def test_no_host_behaviour_over_credits_or_leaves_a_credit_unbacked(
         expected_raise = on_error == "raise" and isinstance(error, L2EvictError)
         assert expected_base or expected_raise, repr(error)
     plugin.finish()
-    assert flare_l2evict.active_installation() is None and not seam_is_ours()
+    assert active_installation() is None and not seam_is_ours()
 
 
 def test_hostile_runtime_stand_in_is_a_runtime() -> None:
@@ -490,7 +493,7 @@ def test_a_host_that_ends_and_restarts_start_up_inside_the_hook_keeps_the_new_cr
     assert hook(first).reclaimed_bytes == 0
     assert second.kv_allocator.applied == CREDIT
     assert seam_is_ours()  # the first start-up's fault did not take the second's backing
-    installation = flare_l2evict.active_installation()
+    installation = active_installation()
     assert installation is not None and installation.offered_bytes == CREDIT
 
 
@@ -512,13 +515,13 @@ def test_startup_complete_during_the_offer_waits_for_add_reclaimed_to_return() -
 
 
 def test_an_installation_made_before_the_hook_is_never_credited() -> None:
-    tiny = flare_l2evict.choose_source({"tiny": torch.zeros(MiB // 4)}, "cpu", MiB)
-    earlier = flare_l2evict.install(tiny)
+    tiny = choose_source({"tiny": torch.zeros(MiB // 4)}, "cpu", MiB)
+    earlier = install(tiny)
     runtime = hostile()
     report = hook(runtime)
     assert report.reclaimed_bytes == 0 and "already active" in (report.reason or "")
     assert runtime.kv_allocator.applied == 0
-    assert flare_l2evict.active_installation() is earlier  # left as it was
+    assert active_installation() is earlier  # left as it was
 
 
 class OverstatedStorageStandIn(torch.UntypedStorage):

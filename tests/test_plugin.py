@@ -14,7 +14,9 @@ import torch
 from figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
 
 import flare_l2evict
-from flare_l2evict import L2EvictError, PluginNotFoundError, WeightEviction
+from flare_l2evict import L2EvictError, PluginNotFoundError
+from flare_l2evict._eviction import WeightEviction
+from flare_l2evict._install import active_installation
 from flare_l2evict.tools.reference_host import (
     PROFILES,
     DeviceProfile,
@@ -148,7 +150,7 @@ def test_fallbacks_report_zero_with_the_reason(
     assert report.reclaimed_bytes == 0 and reason in report.reason
     assert report.mechanism == "none"
     assert measurement._l2_flush_fn.__name__ == "_l2_flush_fn"
-    assert flare_l2evict.active_installation() is None
+    assert active_installation() is None
     lines = [r for r in caplog.records if r.name.startswith("flare_l2evict")]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
 
@@ -182,7 +184,7 @@ def test_on_error_raise_restores_then_raises(
     )
     with pytest.raises(L2EvictError, match=r"on_error = 'raise'.*torch said no"):
         plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)
-    assert flare_l2evict.active_installation() is None
+    assert active_installation() is None
     assert runtime.kv_allocator.reclaimed_bytes == 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,14 @@ from fake_b12x import (
     job_evictions,
     use_fake,
     write_fake,
+    write_moved_fake,
 )
 from figures import MiB
 
-import flare_l2evict
-from flare_l2evict import EvictionHandle, ReclaimReport, StartupAudit, plugin
+from flare_l2evict import ReclaimReport, StartupAudit, _seam_table, plugin
+from flare_l2evict._credit import CREDIT_OVERHEAD_BYTES
+from flare_l2evict._eviction import EvictionHandle
+from flare_l2evict._install import active_installation
 from flare_l2evict.tools.reference_host import ReferenceRuntime, plugin_manager
 
 L2 = 8 * MiB  # the fakes' L2; stock's window is then max(16 MiB, 64 MiB) = 64 MiB
@@ -26,10 +30,12 @@ JOBS = 3
 
 
 def start(
-    make_runtime: Callable[..., ReferenceRuntime], tensors: dict[str, torch.Tensor]
+    make_runtime: Callable[..., ReferenceRuntime],
+    tensors: dict[str, torch.Tensor],
+    seam: str = "preparation._measurement",
 ) -> tuple[ReclaimReport, int, list[Callable[[], object]], StartupAudit]:
     """The plugin's hook, then the fake's race jobs; returns (report, bytes the races saved)."""
-    measurement = __import__("b12x.preparation._measurement").preparation._measurement
+    measurement: Any = importlib.import_module(f"b12x.{seam}")
     job_evictions(JOBS)  # stock: what the jobs allocate without the plugin
     stock_bytes = sum(measurement.ALLOCATED)
     measurement.ALLOCATED.clear()
@@ -57,7 +63,7 @@ def test_stock_shaped_fake_is_served_and_credited_exactly(
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2))
     report, saved, evictions, audit = start(make_runtime, weights)
     assert all(isinstance(e, EvictionHandle) for e in evictions)
-    assert report.reclaimed_bytes == saved - flare_l2evict.CREDIT_OVERHEAD_BYTES
+    assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
 
 
@@ -123,7 +129,7 @@ def test_a_release_the_plugin_cannot_serve_is_refused_and_credited_zero(
     report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
     assert report.reclaimed_bytes == 0 and reason in report.reason
     assert runtime.kv_allocator.reclaimed_bytes == 0
-    assert flare_l2evict.active_installation() is None
+    assert active_installation() is None
     plugin.finish()
 
 
@@ -152,3 +158,44 @@ def test_weights_freed_mid_startup_show_as_a_shortfall_in_the_audit(
     assert (
         line.levelname == "WARNING" and f"SHORTFALL {cpu.stock_bytes:,} bytes" in line.getMessage()
     )
+
+
+def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_runtime: Callable[..., ReferenceRuntime],
+    weights: dict[str, torch.Tensor],
+) -> None:
+    """The seam is data: a release that moved it to another module and name needs one row."""
+    use_fake(
+        monkeypatch,
+        write_moved_fake(tmp_path, l2=L2, module="_cold", function="_cold_l2"),
+        seam="preparation._cold",
+    )
+    report, _, evictions, _ = start(make_runtime, weights, seam="preparation._cold")
+    assert report.reclaimed_bytes == 0  # unknown to the table: refused, stock kept
+    assert "b12x.preparation._measurement" in (report.reason or "")
+    assert not any(isinstance(e, EvictionHandle) for e in evictions)
+    moved = _seam_table.SeamRow(
+        name="a b12x whose seam moved (fake)",
+        kind="stock",
+        module="preparation._cold",
+        function="_cold_l2",
+        signature=(("device", "POSITIONAL_OR_KEYWORD"), ("enabled", "KEYWORD_ONLY")),
+        callers=(
+            ("preparation._cold", "prepare_race_steps"),
+            ("preparation.session", "PreparationJob._measure"),
+        ),
+        optional=(),
+        buffer_formula="max(2 x L2, 64 MiB)",
+        buffer_bytes=_seam_table.STOCK_1_5.buffer_bytes,
+    )
+    monkeypatch.setattr(_seam_table, "ROWS", (*_seam_table.ROWS, moved))  # the one change
+    cold: Any = importlib.import_module("b12x.preparation._cold")
+    evictions.clear()
+    cold.ALLOCATED.clear()  # the refused start-up's stock buffers
+    report, saved, evictions, audit = start(make_runtime, weights, seam="preparation._cold")
+    assert all(isinstance(e, EvictionHandle) for e in evictions)
+    assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES > 0
+    assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
+    assert not hasattr(cold._cold_l2, "__flare_l2evict__")  # restored at the end

@@ -5,12 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from flare_l2evict import (
-    ConfigError,
-    L2EvictSettings,
-    load_deployment_config,
-    settings_from_config as settings,
-)
+from flare_l2evict import ConfigError, L2EvictSettings, load_deployment_config
+from flare_l2evict._settings import settings_from_config as settings
 
 
 def section(**keys: object) -> dict[str, object]:

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flare_l2evict import SourceError, choose_source
+from flare_l2evict import SourceError
+from flare_l2evict._source import choose_source
 
 
 def test_counts_storages_not_tensors() -> None:

@@ -18,6 +18,7 @@ SCENARIOS = [
     "config_differs",
     "raises",
     "raises_raise",
+    "differs_raise",
     "fewer_jobs",
     "group_mismatch",
     "group_none",
@@ -85,10 +86,26 @@ def test_a_rank_that_raises_inside_the_hook_does_not_deadlock(ranks: list[dict[s
     assert all("host lost its checkpoint" in r["fallback_ranks"]["1"] for r in got)
 
 
-def test_on_error_raise_raises_on_that_rank_after_agreeing(ranks: list[dict[str, Any]]) -> None:
+def test_on_error_raise_raises_on_every_rank_after_agreeing(ranks: list[dict[str, Any]]) -> None:
+    # Issue 21: every outcome that falls back raises under on_error = "raise", on every
+    # rank, after the agreement (so no rank waits): rank 1 with its own fault, the others
+    # with the agreement's reason, which names rank 1.
     assert "host lost its checkpoint" in ranks[1]["raises_raise"]["raised"]
-    others = [r["raises_raise"]["report"] for i, r in enumerate(ranks) if i != 1]
-    assert {r["reclaimed_bytes"] for r in others} == {0}
+    for i, rank in enumerate(ranks):
+        raised = rank["raises_raise"]["raised"]
+        assert "on_error = 'raise'" in raised and "\n" not in raised
+        if i != 1:
+            assert "rank 1" in raised and "host lost its checkpoint" in raised
+        assert rank["raises_raise"]["credited"] == 0
+
+
+def test_settings_that_differ_across_ranks_raise_on_every_rank(
+    ranks: list[dict[str, Any]],
+) -> None:
+    for rank in ranks:
+        raised = rank["differs_raise"]["raised"]
+        assert "on_error = 'raise'" in raised and "plugin settings differ across ranks" in raised
+        assert "\n" not in raised and rank["differs_raise"]["credited"] == 0
 
 
 def test_the_minimum_wins(ranks: list[dict[str, Any]]) -> None:

@@ -63,8 +63,10 @@ def _runtime(
         config = {"plugins": {"l2evict": {"window": "96MiB"}}}
     if scenario == "fewer_jobs" and rank == 1:
         race_jobs = 3
-    if scenario == "raises_raise":
+    if scenario in ("raises_raise", "differs_raise"):
         config = {"plugins": {"l2evict": {"on_error": "raise"}}}
+    if scenario == "differs_raise" and rank == world_size - 1:
+        config = {"plugins": {"l2evict": {"on_error": "raise", "window": "96MiB"}}}
     runtime = ReferenceRuntime(
         device=torch.device("cpu"),
         config=config,
@@ -122,6 +124,7 @@ def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str
         except Exception as error:
             results[scenario] = {"raised": f"{type(error).__name__}: {error}"}
             results[scenario]["trace"] = traceback.format_exc(limit=2)
+            results[scenario]["credited"] = runtime.kv_allocator.reclaimed_bytes
         pm.hook.startup_complete(runtime=runtime)
         dist.barrier()
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))

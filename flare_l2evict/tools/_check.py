@@ -1,7 +1,7 @@
 """``flare-l2evict check``: the preflight an operator runs before turning the plugin on.
 
 It runs start-up's own steps without installing anything: the settings, the
-sizes (:func:`flare_l2evict._startup.measure_sizes`: the seam proof, stock's
+sizes (:func:`flare_l2evict._sizes.measure_sizes`: the seam proof, stock's
 buffer measured on CUDA, the window), the decision on this rank's checkpoint
 headers (as ``plan`` makes it) and the credit. Around them it names what only
 an operator needs: the b12x provider and whether its release is judged, and
@@ -21,6 +21,7 @@ from .._credit import Credit, credit
 from .._errors import InstallError
 from .._provider import MIN_TORCH, NEEDED, b12x_origin, versions
 from .._seam import StockBuffer, fork_function
+from .._seam_table import FORK
 from .._settings import DISABLED, L2EvictSettings, load_deployment_config, settings_from_config
 from .._text import shown
 from .._window import device_l2_bytes, stock_buffer_bytes
@@ -29,8 +30,7 @@ from ._releases import judged
 if TYPE_CHECKING:
     import torch
 
-    from .._runtime import RuntimeFacts
-    from .._startup import Sizes
+    from .._sizes import Sizes
     from ._headers import TensorHeader
     from ._profiles import DeviceProfile
 
@@ -71,7 +71,7 @@ def run_check(
     report.figures |= {"device": str(device), "device_reason": device_reason}
     report.line(f"flare-l2evict check on {device} ({device_reason})")
     _provider_lines(report)
-    sizes, blocked = _sizes(report, device, profile, settings, deployment)
+    sizes, blocked = _sizes(report, device, profile, settings)
     if not settings.enabled:
         blocked = DISABLED
     granted = _storage_and_credit(report, headers, settings, sizes, blocked)
@@ -126,11 +126,11 @@ def _provider_lines(report: _Report) -> None:
         table = "nothing to judge"
     else:
         table = "not in the judged table: the seam proof below judges it"
-    via = " with the fork's use_startup_eviction" if fork else ""
+    via = f" with the fork's {FORK.function}" if fork else ""
     report.line(f"b12x provider: {provider} ({shown(release)}){via}; {table}")
     torch_floor = ".".join(map(str, MIN_TORCH))
     report.figures["supported"] = {"b12x": NEEDED, "torch": f">={torch_floor}"}
-    report.line(f"supported: {NEEDED} (or a fork with use_startup_eviction); torch>={torch_floor}")
+    report.line(f"supported: {NEEDED} (or a fork with {FORK.function}); torch>={torch_floor}")
 
 
 def _sizes(
@@ -138,14 +138,12 @@ def _sizes(
     device: torch.device,
     profile: DeviceProfile,
     settings: L2EvictSettings,
-    deployment: dict[str, Any],
 ) -> tuple[Sizes, str | None]:
     """Start-up's sizes on ``device``, and the seam's refusal (the formula buffer then)."""
-    from .._startup import Sizes, _Clock, measure_sizes
+    from .._sizes import Sizes, measure_sizes
     from ._persisting_l2 import persisting_l2_line
 
     l2_from_profile = device.type != "cuda"
-    facts = _facts(device, profile, deployment, l2_from_profile)
     l2 = profile.l2_cache_bytes if l2_from_profile else device_l2_bytes(device)
     l2_source = f"profile {profile.name}" if l2_from_profile else "read from the device"
     report.figures |= {"l2_cache_bytes": l2, "l2_source": l2_source, "race_jobs": profile.race_jobs}
@@ -154,7 +152,7 @@ def _sizes(
     report.line(line)
     blocked: str | None = None
     try:
-        sizes = measure_sizes(facts, settings, _Clock())
+        sizes = measure_sizes(device, l2, settings, profile.race_jobs)
     except InstallError as error:
         blocked = str(error)
         formula = StockBuffer(stock_buffer_bytes(l2), measured=False)
@@ -173,41 +171,19 @@ def _sizes(
 
 def _seam_installs(report: _Report, sizes: Sizes) -> None:
     if sizes.proof is None:
-        fork = {"verdict": "installs", "via": "fork use_startup_eviction", "reason": None}
+        fork = {"verdict": "installs", "via": f"fork {FORK.function}", "reason": None}
         report.figures["seam"] = fork
-        report.line("seam: the fork's b12x.comm.pcie.use_startup_eviction (formula buffer)")
+        report.line(f"seam: the fork's {FORK.dotted} (formula buffer)")
         return
     bindings = len(sizes.proof.bindings)
     report.figures["seam"] = {
         "verdict": "installs",
-        "via": "stock _l2_flush_fn",
+        "via": f"stock {sizes.proof.row.function}",
         "extra_bindings": bindings,
         "reason": None,
     }
     extra = f"; {bindings} extra bindings redirected" if bindings else ""
-    report.line(f"seam: installs (stock b12x's _l2_flush_fn{extra})")
-
-
-def _facts(
-    device: torch.device, profile: DeviceProfile, deployment: dict[str, Any], l2_from_profile: bool
-) -> RuntimeFacts:
-    """What start-up reads off a host, for one rank of this machine: no host, nothing offered."""
-    from .._runtime import RuntimeFacts
-
-    def no_host(*_: object) -> object:
-        raise RuntimeError("check runs no host: nothing is offered or read")
-
-    return RuntimeFacts(
-        device=device,
-        rank=0,
-        world_size=1,
-        process_group=None,
-        config=deployment,
-        race_jobs=profile.race_jobs,
-        l2_cache_bytes=profile.l2_cache_bytes if l2_from_profile else None,
-        add_reclaimed=no_host,
-        resident_tensors=no_host,
-    )
+    report.line(f"seam: installs (stock b12x's {sizes.proof.row.function}{extra})")
 
 
 def _storage_and_credit(

@@ -33,7 +33,6 @@ Figures only: nothing here asserts.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import shutil
@@ -47,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..._seam_table import stock_seam
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -168,11 +169,10 @@ def stock_at(nbytes: int, device: torch.device) -> Callable[[], None]:
 
 def _stock_default(device: torch.device, window: int) -> Callable[[], None]:
     """b12x's own ``_l2_flush_fn`` where b12x imports; its code at ``window`` otherwise."""
-    try:
-        measurement: Any = importlib.import_module("b12x.preparation._measurement")
-    except ImportError:
+    seam = stock_seam()
+    if seam is None:
         return stock_at(window, device)
-    flush: Callable[[], None] = measurement._l2_flush_fn(device, enabled=True)
+    flush: Callable[[], None] = seam(device, enabled=True)
     return flush
 
 

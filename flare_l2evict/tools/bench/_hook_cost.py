@@ -39,7 +39,7 @@ def _window(fused: bool) -> int:
 
 _FIRST_CALL = """
 import json, sys, time
-from flare_l2evict import choose_source
+from flare_l2evict._source import choose_source
 from flare_l2evict.tools.bench import synthetic_checkpoint
 count, fused, window = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
 tensors = synthetic_checkpoint(count, fused_largest=fused)
@@ -239,7 +239,9 @@ trivial[(1,)](out)
 torch.cuda.synchronize(device)
 figures["second_launch"] = time.perf_counter() - t
 t = time.perf_counter()
-import b12x.preparation._measurement
+import importlib
+from flare_l2evict._seam_table import stock_rows
+importlib.import_module(stock_rows()[0].module_path)
 figures["import_b12x_measurement"] = time.perf_counter() - t
 print(json.dumps(figures))
 """

@@ -23,6 +23,7 @@ import torch
 
 from ..._eviction import Kernel, WeightEviction
 from ..._install import install, restore
+from ..._seam_table import stock_row
 from ..._source import SourceChoice, choose_source
 from ..._window import stock_window_bytes
 from . import _coldness
@@ -339,7 +340,14 @@ def run_bench(
     unknown = sections - set(SECTIONS)
     if unknown or not sections:
         raise ValueError(f"bench sections {sorted(unknown)}: pick from {', '.join(SECTIONS)}")
-    measurement = importlib.import_module("b12x.preparation._measurement")
+    row = stock_row()
+
+    def seam_call() -> Callable[[], None]:  # looked up per call: after install(), the plugin's
+        made: Callable[[], None] = getattr(importlib.import_module(row.module_path), row.function)(
+            device, enabled=True
+        )
+        return made
+
     properties = torch.cuda.get_device_properties(device)
     l2 = int(properties.L2_cache_size)
     window = stock_window_bytes(l2)
@@ -373,14 +381,10 @@ def run_bench(
     # 1. Memory per race job, through b12x's own function with and without the plugin.
     if "memory" in sections:
         started = time.perf_counter()
-        result["memory"] = {
-            "stock": _allocated(lambda: measurement._l2_flush_fn(device, enabled=True), device)
-        }
+        result["memory"] = {"stock": _allocated(seam_call, device)}
         install(_choice_at(weights, window), kernel="triton")
         try:
-            result["memory"]["plugin"] = _allocated(
-                lambda: measurement._l2_flush_fn(device, enabled=True), device
-            )
+            result["memory"]["plugin"] = _allocated(seam_call, device)
         finally:
             restore()
         done("memory", started)

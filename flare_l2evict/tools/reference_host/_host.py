@@ -8,7 +8,6 @@ through b12x's own seam, and sizes the KV cache.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from ..._credit import EVICTION_OUTPUT_BYTES
 from ..._errors import L2EvictError, PluginNotFoundError
 from ..._markers import ENTRY_POINT_GROUP, PROJECT_NAME
 from ..._report import ReclaimReport, StartupAudit
+from ..._seam_table import stock_seam
 from ..._window import stock_buffer_bytes
 from ...hookspecs import FlareStartupSpec
 from .._kv import kv_tokens
@@ -153,11 +153,7 @@ def plugin_manager(plugins: Sequence[str]) -> pluggy.PluginManager:
 
 
 def _stock_seam() -> Callable[..., Any] | None:
-    try:
-        module = importlib.import_module("b12x.preparation._measurement")
-    except ImportError:
-        return None
-    return getattr(module, "_l2_flush_fn", None)
+    return stock_seam()  # the seam of the loaded b12x, as the seam table names it
 
 
 def _storage_bytes(tensors: Mapping[str, torch.Tensor]) -> int:

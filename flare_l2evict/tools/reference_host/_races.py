@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from ..._seam_table import stock_row
+
 COMPILER_MODULE = "b12x._lib.compiler"
 """The one module of b12x's guard that imports the CuTe DSL."""
 
@@ -105,7 +107,7 @@ def cute_guard() -> Iterator[bool]:
     stand-in for the duration (Triton's half of the guard was real); ``False``:
     nothing was changed.
     """
-    importlib.import_module("b12x.preparation._measurement")  # b12x must be there either way
+    importlib.import_module(stock_row().module_path)  # b12x must be there either way
     if cute_dsl_installed():
         yield False
         return
@@ -164,7 +166,7 @@ def run_race(
     ``eviction=None`` lets b12x allocate its own buffer, as a race outside a
     ``PreparationJob`` does; a job passes the eviction it holds.
     """
-    measurement = importlib.import_module("b12x.preparation._measurement")
+    measurement = importlib.import_module(stock_row().races_module_path)
     ordinal = device.index if device.index is not None else torch.cuda.current_device()
     prepared = measurement._consume(
         measurement.prepare_race_steps(

@@ -1,0 +1,127 @@
+"""The same promise for programs that are not flare hosts: :func:`evicting_from`.
+
+A script that runs b12x's races itself (a benchmark, a vLLM fork's warm-up)
+names the tensors whose memory stays resident; inside the ``with`` block the
+races read those instead of allocating a buffer per race job. It is the
+start-up of :mod:`._startup`, with a runtime made here: the same decision,
+the same installation, the same one-line fallbacks. The report is returned
+instead of being offered to a KV allocator.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from . import _startup
+from ._errors import L2EvictError
+from ._lifecycle import PROCESS
+from ._log import say
+from ._report import ReclaimReport
+from ._text import described_value
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("flare_l2evict")
+
+
+class _KeptReport:
+    """The program's side of the offer: it keeps the report (there is no KV budget to grow)."""
+
+    def __init__(self) -> None:
+        self.report: ReclaimReport | None = None
+
+    def add_reclaimed(self, report: ReclaimReport) -> None:
+        self.report = report
+
+
+@dataclass
+class _ProgramRuntime:
+    """The runtime contract filled in for a program: one process, its tensors, its race jobs."""
+
+    device: object
+    race_jobs: object
+    l2_cache_bytes: object
+    config: Mapping[str, Any]
+    tensors: object = field(repr=False)
+    kv_allocator: _KeptReport = field(default_factory=_KeptReport)
+    rank: int = 0
+    world_size: int = 1
+    process_group: None = None
+
+    def resident_tensors(self) -> object:
+        return self.tensors
+
+
+def _device_of(tensors: object) -> object:
+    """The device of the first tensor (the runtime names what is wrong when there is none)."""
+    try:
+        first = next(iter(tensors.values()))  # type: ignore[attr-defined]
+        return first.device
+    except Exception:
+        return None
+
+
+def _no_device(tensors: object, on_error: str) -> ReclaimReport:
+    """0 bytes, one line: ``tensors`` gave no device and none was passed."""
+    reason = (
+        f"evicting_from: tensors is {described_value(tensors)}, not a non-empty mapping of names "
+        "to tensors, and no device was given; nothing changed; fix: pass {name: tensor} for "
+        "the tensors that stay resident, or device="
+    )
+    if on_error == "raise":
+        raise L2EvictError(f"l2evict failed and on_error = 'raise': {reason}")
+    report = ReclaimReport(device="unknown", reclaimed_bytes=0, mechanism="none", reason=reason)
+    say(log, logging.WARNING, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
+    return report
+
+
+@contextmanager
+def evicting_from(
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    race_jobs: int,
+    device: torch.device | str | None = None,
+    l2_cache_bytes: int | None = None,
+    window: int | str = "stock",
+    exclude: Sequence[str] = (),
+    on_error: Literal["fallback", "raise"] = "fallback",
+) -> Iterator[ReclaimReport]:
+    """Inside the block, b12x's races evict L2 by reading ``tensors``; yields the report.
+
+    ``tensors`` maps names to tensors that stay resident (and unwritten
+    while races run) for the whole block. ``race_jobs`` is how many b12x race
+    jobs the program holds at once (one stock buffer each); ``device`` defaults
+    to the first tensor's; ``l2_cache_bytes`` ``None`` reads the CUDA
+    device's. ``window``, ``exclude`` and ``on_error`` are the plugin's
+    settings of the same names.
+
+    Invariants: the report's ``reclaimed_bytes`` is what the block's races
+    will not allocate (0, with the reason, when it falls back: then stock
+    b12x runs unchanged); on exit, exceptions included, stock b12x is back
+    and nothing references the tensors. Under ``on_error = "fallback"`` it
+    never raises on entry. While another start-up (a flare host's, or another
+    block) is active in the process, it reports 0 and changes nothing.
+    """
+    section: dict[str, Any] = {"window": window, "exclude": list(exclude), "on_error": on_error}
+    runtime = _ProgramRuntime(
+        device=_device_of(tensors) if device is None else device,
+        race_jobs=race_jobs,
+        l2_cache_bytes=l2_cache_bytes,
+        config={"plugins": {"l2evict": section}},
+        tensors=tensors,
+    )
+    if runtime.device is None:  # nothing to read a device from: say so in the program's words
+        yield _no_device(tensors, on_error)
+        return
+    try:
+        report = _startup.run(runtime)
+        yield report
+    finally:
+        if PROCESS.belongs_to(runtime):  # a refused block ends nobody else's start-up
+            _startup.finish(runtime)
+        runtime.tensors = None

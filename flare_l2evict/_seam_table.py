@@ -1,0 +1,132 @@
+"""The seam as data: one row per b12x shape the plugin knows how to take the race eviction from.
+
+Every place that names the seam (the runtime's proof and installation, the
+preflight check, the reference host, the bench, ``benchmarks/`` and the
+release sweep) reads it from :data:`ROWS`, never from a string literal of its
+own. Supporting a b12x release whose seam moved is adding one row here.
+
+Torch-free and import-free: reading the table loads nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._window import stock_buffer_bytes
+
+ROOTS = ("b12x", "flashinfer.experimental.b12x")
+"""Where a loaded b12x lives: standalone, or inside flashinfer-python (which aliases the first)."""
+
+
+@dataclass(frozen=True)
+class SeamRow:
+    """One b12x shape: where its eviction is made, how it is called, who calls it, its bytes.
+
+    ``kind`` ``"fork"``: a function the plugin hands its storage to (and
+    ``None`` to undo); ``"stock"``: a factory the races call for their
+    eviction, which the plugin replaces. ``module`` is under a b12x root
+    (:data:`ROOTS`). ``signature`` is ``(name, inspect kind name)`` per
+    parameter. ``callers`` are ``(module under the root, qualified name)`` of
+    the race code that must look the function up at call time; a caller
+    whose module is in ``optional`` may be absent from a build.
+    ``buffer_bytes(l2)`` is what one race job's eviction allocates where it
+    cannot be measured.
+    """
+
+    name: str
+    kind: Literal["fork", "stock"]
+    module: str
+    function: str
+    signature: tuple[tuple[str, str], ...]
+    callers: tuple[tuple[str, str], ...]
+    optional: tuple[str, ...]
+    buffer_formula: str
+    buffer_bytes: Callable[[int], int]
+
+    @property
+    def module_path(self) -> str:
+        """The module under the standalone root, e.g. ``b12x.preparation._measurement``."""
+        return f"{ROOTS[0]}.{self.module}"
+
+    @property
+    def dotted(self) -> str:
+        """The full name, for messages: ``b12x.preparation._measurement._l2_flush_fn``."""
+        return f"{self.module_path}.{self.function}"
+
+    @property
+    def races_module_path(self) -> str:
+        """The module of the race code (its first caller): ``prepare_race_steps`` and friends."""
+        module = self.callers[0][0] if self.callers else self.module
+        return f"{ROOTS[0]}.{module}"
+
+    def root_of(self, module_name: str) -> str | None:
+        """The b12x root of a loaded module of this row's seam, or ``None`` if it is not one."""
+        suffix = "." + self.module
+        return module_name[: -len(suffix)] if module_name.endswith(suffix) else None
+
+    def loaded(self) -> Callable[..., Any] | None:
+        """This row's function in the b12x that imports, or ``None`` where it has none."""
+        try:
+            module = importlib.import_module(self.module_path)
+        except Exception:  # a build without the module, or a broken install
+            return None
+        function = getattr(module, self.function, None)
+        return function if callable(function) else None
+
+
+FORK = SeamRow(
+    name="flashinfer fork (voipmonitor/flashinfer PR #6)",
+    kind="fork",
+    module="comm.pcie",
+    function="use_startup_eviction",
+    signature=(("storage", "POSITIONAL_OR_KEYWORD"),),
+    callers=(),
+    optional=(),
+    buffer_formula="max(2 x L2, 64 MiB)",
+    buffer_bytes=stock_buffer_bytes,
+)
+"""The fork's API: it takes the resident storage whose reads replace the buffer."""
+
+STOCK_1_5 = SeamRow(
+    name="stock b12x 1.5 (flashinfer-python >= 0.7.2)",
+    kind="stock",
+    module="preparation._measurement",
+    function="_l2_flush_fn",
+    signature=(("device", "POSITIONAL_OR_KEYWORD"), ("enabled", "KEYWORD_ONLY")),
+    callers=(
+        ("preparation._measurement", "prepare_race_steps"),
+        ("preparation.session", "PreparationJob._measure"),
+    ),
+    optional=("preparation.session",),  # a b12x without sessions makes no job evictions
+    buffer_formula="max(2 x L2, 64 MiB)",
+    buffer_bytes=stock_buffer_bytes,
+)
+"""Stock b12x: ``_l2_flush_fn(device, *, enabled)`` makes each race job's buffer."""
+
+ROWS: tuple[SeamRow, ...] = (FORK, STOCK_1_5)
+"""Every shape known, the fork first: where its API is present it is used."""
+
+
+def fork_rows() -> tuple[SeamRow, ...]:
+    return tuple(row for row in ROWS if row.kind == "fork")
+
+
+def stock_rows() -> tuple[SeamRow, ...]:
+    return tuple(row for row in ROWS if row.kind == "stock")
+
+
+def stock_row() -> SeamRow:
+    """The stock row whose module the loaded b12x has (the first row if none imports)."""
+    rows = stock_rows()
+    for row in rows:
+        if row.loaded() is not None:
+            return row
+    return rows[0]
+
+
+def stock_seam() -> Callable[..., Any] | None:
+    """The loaded b12x's stock eviction factory (tools and benches call it), or ``None``."""
+    return stock_row().loaded()

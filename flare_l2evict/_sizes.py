@@ -1,0 +1,60 @@
+"""The byte figures one device's credit rests on: L2, the window, stock's real per-job buffer.
+
+:func:`measure_sizes` takes plain arguments, so the runtime's start-up, the
+``check`` tool and :func:`~flare_l2evict.evicting_from` compose the same step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ._seam import SeamProof, StockBuffer, fork_function, measure_stock_buffer, prove_seam
+from ._seam_table import fork_rows
+from ._window import device_l2_bytes
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._settings import L2EvictSettings
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The byte figures of this device that the credit rests on, and the seam they came from.
+
+    ``stock`` is measured once, through the proven seam on CUDA, and used by
+    both the credit and the installation. ``proof`` is ``None`` only when the
+    fork's API is used (its buffer is the table's formula). ``race_jobs`` is
+    the host's count of race jobs held at once (what the credit multiplies).
+    """
+
+    l2_cache_bytes: int
+    window_bytes: int
+    stock: StockBuffer
+    race_jobs: int
+    proof: SeamProof | None
+
+
+def measure_sizes(
+    device: torch.device,
+    l2_cache_bytes: int | None,
+    settings: L2EvictSettings,
+    race_jobs: int,
+) -> Sizes:
+    """L2, window and stock's real per-job buffer on ``device``.
+
+    ``l2_cache_bytes`` ``None`` reads it from the CUDA device. On CUDA stock's
+    buffer is measured through the proven seam (allocated once, then freed);
+    elsewhere it is the table's formula. Raises
+    :class:`~flare_l2evict.InstallError` when b12x fails the proof and the
+    fork's API is absent.
+    """
+    l2 = device_l2_bytes(device) if l2_cache_bytes is None else l2_cache_bytes
+    window = settings.window_bytes(l2)
+    if fork_function() is not None:
+        formula = fork_rows()[0].buffer_bytes(l2)
+        return Sizes(l2, window, StockBuffer(formula, False), race_jobs, None)
+    proof = prove_seam()
+    stock = measure_stock_buffer(proof.original, device, l2)
+    return Sizes(l2, window, stock, race_jobs, proof)

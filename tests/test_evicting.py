@@ -1,0 +1,140 @@
+"""``flare_l2evict.evicting_from``: the start-up's promise for programs that are not flare hosts.
+
+On the CPU, with b12x's real seam module (flashinfer's b12x): inside the block
+every enabled call of the seam reads the named tensors; on exit, exceptions
+included, stock b12x is back and nothing references them. The GPU test that
+runs b12x's real races through it is ``tests/test_gpu_evicting.py``.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Iterator
+
+import pytest
+import torch
+from figures import OWN, MiB
+
+import flare_l2evict
+from flare_l2evict import L2EvictError, plugin
+from flare_l2evict._eviction import EvictionHandle
+from flare_l2evict._install import active_installation
+from flare_l2evict._seam_table import stock_row
+from flare_l2evict.tools.reference_host import (
+    ReferenceKVAllocator,
+    ReferenceRuntime,
+    plugin_manager,
+)
+
+measurement = pytest.importorskip(stock_row().module_path)
+STOCK_SEAM = getattr(measurement, stock_row().function)
+L2 = 32 * MiB  # stock's buffer there: max(2 x 32 MiB, 64 MiB) = 64 MiB per race job
+
+
+def seam() -> object:
+    return getattr(measurement, stock_row().function)
+
+
+def weights(nbytes: int = 128 * MiB) -> dict[str, torch.Tensor]:
+    return {"model.layers.0.mlp.experts.w13_weight": torch.zeros(nbytes // 4)}
+
+
+@pytest.fixture(autouse=True)
+def _finished() -> Iterator[None]:
+    yield
+    plugin.finish()
+
+
+def test_inside_the_block_the_races_read_the_tensors_and_stock_is_back_after() -> None:
+    tensors = weights()
+    alive = tensors["model.layers.0.mlp.experts.w13_weight"].untyped_storage()._weak_ref()
+    with flare_l2evict.evicting_from(tensors, race_jobs=3, l2_cache_bytes=L2) as report:
+        assert report.reclaimed_bytes == 3 * 64 * MiB - OWN
+        assert report.mechanism == "stock-seam" and report.race_jobs == 3
+        handle = seam()(torch.device("cpu"), enabled=True)  # type: ignore[operator]
+        assert isinstance(handle, EvictionHandle)
+        handle()
+        assert handle.eviction.checksum() == 0.0  # read the zeros; wrote nothing
+    assert seam() is STOCK_SEAM and active_installation() is None
+    del tensors, handle
+    gc.collect()
+    assert torch.UntypedStorage._expired(alive)  # nothing references the tensors
+
+
+def test_an_exception_inside_the_block_restores_stock_and_propagates() -> None:
+    class ProgramFailedStandIn(Exception):
+        """What the program's own race code raised."""
+
+    with (
+        pytest.raises(ProgramFailedStandIn),
+        flare_l2evict.evicting_from(weights(), race_jobs=2, l2_cache_bytes=L2) as report,
+    ):
+        assert report.reclaimed_bytes > 0 and seam() is not STOCK_SEAM
+        raise ProgramFailedStandIn
+    assert seam() is STOCK_SEAM and active_installation() is None
+
+
+def test_too_few_bytes_fall_back_with_the_reason_and_leave_b12x_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with (
+        caplog.at_level(logging.INFO, logger="flare_l2evict"),
+        flare_l2evict.evicting_from(weights(MiB), race_jobs=2, l2_cache_bytes=L2) as report,
+    ):
+        assert report.reclaimed_bytes == 0 and "eligible storages hold" in (report.reason or "")
+        assert seam() is STOCK_SEAM
+    (line,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "stock b12x eviction kept" in line.getMessage() and "\n" not in line.getMessage()
+
+
+def test_on_error_raise_raises_the_same_line() -> None:
+    with (
+        pytest.raises(L2EvictError, match=r"on_error = 'raise'.*eligible storages hold"),
+        flare_l2evict.evicting_from(weights(MiB), race_jobs=2, l2_cache_bytes=L2, on_error="raise"),
+    ):
+        raise AssertionError("the block must not run")
+    assert seam() is STOCK_SEAM and active_installation() is None
+
+
+def test_settings_are_the_plugins_own() -> None:
+    tensors = {"keep.me": torch.zeros(128 * MiB // 4), "skip.me": torch.zeros(256 * MiB // 4)}
+    with flare_l2evict.evicting_from(
+        tensors, race_jobs=1, l2_cache_bytes=L2, window="96MiB", exclude=["skip.*"]
+    ) as report:
+        assert report.source_tensor == "keep.me" and report.window_bytes == 96 * MiB
+    with flare_l2evict.evicting_from(tensors, race_jobs=1, l2_cache_bytes=L2, window="1x") as bad:
+        assert bad.reclaimed_bytes == 0 and "window" in (bad.reason or "")
+
+
+def test_inside_a_flare_start_up_it_credits_zero_and_ends_nothing_of_the_hosts() -> None:
+    pm = plugin_manager(["l2evict"])
+    host = ReferenceRuntime(
+        device=torch.device("cpu"),
+        config={},
+        kv_allocator=ReferenceKVAllocator(1024),
+        race_jobs=2,
+        l2_cache_bytes=L2,
+        tensors=weights(),
+    )
+    (hosted,) = pm.hook.before_first_capture(runtime=host)
+    assert hosted.reclaimed_bytes > 0
+    installed = active_installation()
+    with flare_l2evict.evicting_from(weights(), race_jobs=2, l2_cache_bytes=L2) as report:
+        assert report.reclaimed_bytes == 0 and "start-up is active" in (report.reason or "")
+    assert active_installation() is installed and seam() is not STOCK_SEAM  # the host's stands
+    pm.hook.startup_complete(runtime=host)
+    assert seam() is STOCK_SEAM
+
+
+@pytest.mark.parametrize("tensors", [[1, 2], None, {}], ids=["list", "none", "empty"])
+def test_no_tensors_to_read_is_one_line_in_the_programs_words(tensors: object) -> None:
+    with flare_l2evict.evicting_from(tensors, race_jobs=2, l2_cache_bytes=L2) as report:  # type: ignore[arg-type]
+        assert report.reclaimed_bytes == 0 and seam() is STOCK_SEAM
+    assert report.reason is not None and "\n" not in report.reason
+    assert report.reason.startswith("evicting_from: tensors is") and "runtime." not in report.reason
+    with (
+        pytest.raises(L2EvictError, match=r"on_error = 'raise': evicting_from: tensors is"),
+        flare_l2evict.evicting_from(tensors, race_jobs=2, on_error="raise"),  # type: ignore[arg-type]
+    ):
+        raise AssertionError("the block must not run")

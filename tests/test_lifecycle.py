@@ -1,0 +1,517 @@
+"""The start-up's lifecycle against what a host process does to it (issue 21), case by case.
+
+Case -> outcome:
+
+- ``startup_complete(runtime=B)`` of a second model while model A starts up ->
+  a no-op with one line; A's start-up, credit and eviction stand until A's own call;
+- a second model's ``before_first_capture`` while A's start-up is active -> 0,
+  one line naming a second model's call;
+- ``os.fork()`` while another thread holds the plugin's lock -> the child's hook
+  runs and credits (a real fork, with a deadline);
+- a signal handler that calls ``startup_complete`` on the thread that holds the
+  lock (delivered inside the hook's locked section) -> no deadlock (a real
+  signal, in a child process with a deadline);
+- a signal handler that calls ``startup_complete`` during ``add_reclaimed`` ->
+  the credit stays backed until the allocator returns, then stock is back;
+- an asynchronous exception at every line from the hook's start to its return
+  -> either kept and credited, or restored and not credited; ``startup_complete``
+  always ends what was installed; the next start-up credits again;
+- ``async def add_reclaimed`` (a coroutine function, or an object whose
+  ``__call__`` is one) -> refused before the offer, one line; never a credit;
+- ``on_error = "raise"`` -> raises one line on every outcome that falls back
+  except ``enabled = false`` (settings that differ across ranks: test_tp_gloo.py).
+
+The host's runtime and allocator are stand-ins (named so); pluggy, the
+plugin, b12x's real seam, signals, fork and torch are real.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from figures import OWN, MiB
+
+from flare_l2evict import L2EvictError, ReclaimReport, StartupAudit, _startup, plugin
+from flare_l2evict._install import Installation, active_installation
+from flare_l2evict._lifecycle import PROCESS
+from flare_l2evict.tools.reference_host import (
+    ReferenceKVAllocator,
+    ReferenceRuntime,
+    plugin_manager,
+)
+
+measurement = pytest.importorskip("b12x.preparation._measurement")
+STOCK_SEAM = measurement._l2_flush_fn
+
+L2 = 8 * MiB  # stock's window there is max(2 x 8 MiB, 64 MiB) = 64 MiB
+JOBS = 3
+CREDIT = JOBS * 64 * MiB - OWN
+PM = plugin_manager(["l2evict"])
+DEADLINE = 120.0  # seconds a child may take before the test calls it a hang
+
+
+def runtime(
+    nbytes: int = 64 * MiB,
+    config: dict[str, Any] | None = None,
+    allocator: Any = None,
+    race_jobs: int = JOBS,
+) -> ReferenceRuntime:
+    return ReferenceRuntime(
+        device=torch.device("cpu"),
+        config=config or {},
+        kv_allocator=allocator or ReferenceKVAllocator(1024),
+        race_jobs=race_jobs,
+        l2_cache_bytes=L2,
+        tensors={"model.layers.0.mlp.experts.w13_weight": torch.zeros(nbytes // 4)},
+    )
+
+
+def hook(of: Any) -> ReclaimReport:
+    report: ReclaimReport
+    (report,) = PM.hook.before_first_capture(runtime=of)
+    return report
+
+
+def complete(of: Any) -> StartupAudit:
+    audit: StartupAudit
+    (audit,) = PM.hook.startup_complete(runtime=of)
+    return audit
+
+
+def seam_is_ours() -> bool:
+    return measurement._l2_flush_fn is not STOCK_SEAM
+
+
+RAISE = {"plugins": {"l2evict": {"on_error": "raise"}}}
+
+
+@pytest.fixture(autouse=True)
+def _finished() -> Iterator[None]:
+    yield
+    plugin.finish()
+
+
+# 1. A start-up belongs to its runtime.
+def test_a_second_models_startup_complete_does_not_end_the_first_start_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a, b = runtime(), runtime()
+    assert hook(a).reclaimed_bytes == CREDIT
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        audit = complete(b)
+    (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
+    assert line.levelno == logging.WARNING and "changed nothing" in line.getMessage()
+    assert "\n" not in line.getMessage()
+    assert audit.mechanism == "none" and audit.credited_bytes == 0
+    installation = active_installation()
+    assert installation is not None and installation.offered_bytes == CREDIT
+    assert seam_is_ours()  # A's races still read A's weights
+    assert isinstance(measurement._l2_flush_fn(torch.device("cpu"), enabled=True), object)
+    ended = complete(a)
+    assert ended.credited_bytes == CREDIT and not seam_is_ours()
+    assert active_installation() is None
+
+
+def test_a_second_models_hook_while_the_first_is_active_credits_zero() -> None:
+    a, b = runtime(), runtime()
+    assert hook(a).reclaimed_bytes == CREDIT
+    second = hook(b)
+    assert second.reclaimed_bytes == 0 and "second model" in (second.reason or "")
+    assert b.kv_allocator.reclaimed_bytes == 0
+    assert seam_is_ours()
+    complete(a)
+    assert not seam_is_ours()
+
+
+# 2. Fork while another thread holds the lock.
+def _wait(pid: int) -> int:
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(f"the forked child's hook blocked for {DEADLINE:.0f} s")
+        time.sleep(0.05)
+
+
+def test_a_child_forked_while_another_thread_holds_the_lock_does_not_block() -> None:
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with PROCESS.lock:
+            held.set()
+            release.wait(DEADLINE)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    assert held.wait(30)
+    child_runtime = runtime()
+    read, write = os.pipe()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: on purpose
+            pid = os.fork()
+        if pid == 0:  # the child: run the hook, write its credit, leave without pytest
+            try:
+                torch.set_num_threads(1)
+                os.write(write, str(hook(child_runtime).reclaimed_bytes).encode())
+            finally:
+                os._exit(0)
+    finally:
+        release.set()
+        holder.join()
+    os.close(write)
+    status = _wait(pid)
+    got = os.read(read, 64).decode()
+    os.close(read)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert got == str(CREDIT)
+
+
+# 3. Signal handlers that call startup_complete.
+_SIGNAL_INSIDE_THE_LOCK = """
+import json, os, signal, sys, torch
+from flare_l2evict._lifecycle import Process
+from flare_l2evict.tools.reference_host import (
+    ReferenceKVAllocator, ReferenceRuntime, plugin_manager,
+)
+
+pm = plugin_manager(["l2evict"])
+runtime = ReferenceRuntime(
+    device=torch.device("cpu"), config={}, kv_allocator=ReferenceKVAllocator(1024),
+    race_jobs=3, l2_cache_bytes=8 << 20, tensors={"w": torch.zeros(16 << 20)},
+)
+audits = []
+signal.signal(signal.SIGUSR1, lambda *_: audits.append(pm.hook.startup_complete(runtime=runtime)))
+sent = []
+LINES = open(Process.begin.__code__.co_filename).readlines()
+
+def trace(frame, event, arg):
+    if frame.f_code is not Process.begin.__code__:
+        return None
+    def local(frame, event, arg):
+        # Inside the locked section: a real signal, handled on this thread right here.
+        text = LINES[frame.f_lineno - 1]
+        if event == "line" and not sent and "self.startup" in text:
+            sent.append(frame.f_lineno)
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return local
+    return local
+
+sys.settrace(trace)
+(report,) = pm.hook.before_first_capture(runtime=runtime)
+sys.settrace(None)
+pm.hook.startup_complete(runtime=runtime)
+print(json.dumps({"sent": len(sent), "handled": len(audits), "reclaimed": report.reclaimed_bytes}))
+"""
+
+
+def test_a_signal_handler_calling_startup_complete_inside_the_lock_does_not_deadlock() -> None:
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _SIGNAL_INSIDE_THE_LOCK],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"deadlock: the hook did not return in {DEADLINE:.0f} s")
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["sent"] == 1 and got["handled"] == 1  # the handler ran, inside the lock
+
+
+class SignallingAllocatorStandIn:
+    """A host allocator during whose ``add_reclaimed`` a real signal arrives."""
+
+    def __init__(self) -> None:
+        self.applied = 0
+        self.seam_ours_when_applied: bool | None = None
+
+    def add_reclaimed(self, report: ReclaimReport) -> None:
+        os.kill(os.getpid(), signal.SIGUSR1)  # handled on this thread, inside this call
+        self.applied += report.reclaimed_bytes
+        self.seam_ours_when_applied = seam_is_ours()
+
+
+@pytest.fixture
+def on_sigusr1() -> Iterator[Callable[[Callable[[], None]], None]]:
+    previous = signal.getsignal(signal.SIGUSR1)
+
+    def install(action: Callable[[], None]) -> None:
+        signal.signal(signal.SIGUSR1, lambda *_: action())
+
+    yield install
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def test_startup_complete_from_a_signal_during_add_reclaimed_waits_for_it_to_return(
+    on_sigusr1: Callable[[Callable[[], None]], None],
+) -> None:
+    allocator = SignallingAllocatorStandIn()
+    host = runtime(allocator=allocator)
+    audits: list[StartupAudit] = []
+    on_sigusr1(lambda: audits.append(complete(host)))
+    report = hook(host)
+    assert len(audits) == 1 and audits[0].credited_bytes == CREDIT
+    assert report.reclaimed_bytes == CREDIT == allocator.applied
+    assert allocator.seam_ours_when_applied is True  # backed while the credit was applied
+    assert not seam_is_ours() and active_installation() is None  # then stock, once it returned
+
+
+def test_a_signal_that_raises_during_add_reclaimed_keeps_the_credit_backed_until_complete(
+    on_sigusr1: Callable[[Callable[[], None]], None],
+) -> None:
+    def interrupt() -> None:
+        raise KeyboardInterrupt("from a signal handler")
+
+    on_sigusr1(interrupt)
+    host = runtime(allocator=SignallingAllocatorStandIn())
+    with pytest.raises(KeyboardInterrupt):
+        hook(host)
+    installation = active_installation()
+    assert installation is not None and installation.offered_bytes == CREDIT and seam_is_ours()
+    assert complete(host).credited_bytes == CREDIT
+    assert not seam_is_ours() and active_installation() is None
+    assert hook(runtime()).reclaimed_bytes == CREDIT  # nothing stuck
+
+
+# 4. An asynchronous exception at every point of the hook.
+_TRACED = {
+    _startup._run.__code__,
+    _startup._prepare.__code__,
+    _startup._choose_and_install.__code__,
+    _startup._kept.__code__,
+    _startup._offer.__code__,
+    _startup._fell_back.__code__,
+    _startup._settle.__code__,
+    Installation.offer.__code__,
+    Installation.offer_over.__code__,
+}
+
+
+class AsynchronousInterrupt(KeyboardInterrupt):
+    """What a signal handler raises, delivered at a chosen line of the hook."""
+
+
+def _leaving_a_with(frame: types.FrameType, entered: set[tuple[int, int]]) -> bool:
+    """Whether this line event is a ``with`` statement's exit (its line, seen again).
+
+    CPython reports the exit of a ``with`` block as a second event on its line,
+    before ``__exit__`` runs and outside the block's exception handler, so an
+    exception a trace function raises there skips ``__exit__`` (bpo-29988). A
+    signal handler cannot raise there: CPython runs them at calls and backward
+    jumps, inside the block. So the test raises on entry, never on that event.
+    """
+    key = (id(frame), frame.f_lineno)
+    line = inspect.getframeinfo(frame).code_context or [""]
+    if not line[0].lstrip().startswith("with "):
+        return False
+    if key in entered:
+        return True
+    entered.add(key)
+    return False
+
+
+def _interrupt_at(point: int) -> Callable[[types.FrameType, str, Any], Any]:
+    """A trace function that raises at the ``point``-th line the hook's steps run (0: never)."""
+    seen = 0
+    entered: set[tuple[int, int]] = set()
+
+    def local(frame: types.FrameType, event: str, arg: Any) -> Any:
+        nonlocal seen
+        if event == "line" and not _leaving_a_with(frame, entered):
+            seen += 1
+            if seen == point:
+                raise AsynchronousInterrupt(f"at line {frame.f_lineno} of {frame.f_code.co_name}")
+        return local
+
+    def trace(frame: types.FrameType, event: str, arg: Any) -> Any:
+        return local if frame.f_code in _TRACED else None
+
+    return trace
+
+
+def _lines_run() -> int:
+    count = 0
+    entered: set[tuple[int, int]] = set()
+
+    def local(frame: types.FrameType, event: str, arg: Any) -> Any:
+        nonlocal count
+        count += event == "line" and not _leaving_a_with(frame, entered)
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code in _TRACED else None)
+    try:
+        hook(host := runtime())
+    finally:
+        sys.settrace(None)
+    complete(host)
+    return count
+
+
+def _free_for_another_thread() -> bool:
+    got: list[bool] = []
+
+    def take() -> None:
+        got.append(PROCESS.lock.acquire(timeout=10))
+        if got[0]:
+            PROCESS.lock.release()
+
+    other = threading.Thread(target=take)
+    other.start()
+    other.join()
+    return got == [True]
+
+
+def test_an_asynchronous_exception_anywhere_never_strands_state() -> None:
+    points = _lines_run()
+    assert points > 40  # every step of the hook is traced
+    interrupted = 0
+    for point in range(1, points + 1):
+        allocator = ReferenceKVAllocator(1024)
+        host = runtime(allocator=allocator)
+        sys.settrace(_interrupt_at(point))
+        try:
+            hook(host)
+        except AsynchronousInterrupt:
+            interrupted += 1
+        finally:
+            sys.settrace(None)
+        installation = active_installation()
+        where = f"interrupted at traced line {point}"
+        if installation is not None:  # kept: then credited, and backed
+            assert installation.offered_bytes == CREDIT and seam_is_ours(), where
+        else:  # restored: then never credited
+            assert allocator.reclaimed_bytes == 0 and not seam_is_ours(), where
+        complete(host)  # always ends what was installed
+        assert active_installation() is None and not seam_is_ours(), where
+        assert _free_for_another_thread(), f"{where}: the lock was left held"
+        again = runtime()
+        assert hook(again).reclaimed_bytes == CREDIT, where  # nothing stuck
+        complete(again)
+    assert interrupted == points
+
+
+# 5. An allocator whose add_reclaimed is a coroutine function.
+class AsyncAllocatorStandIn:
+    def __init__(self) -> None:
+        self.awaited = False
+
+    async def add_reclaimed(self, report: ReclaimReport) -> None:
+        self.awaited = True
+
+
+class AsyncCallStandIn:
+    async def __call__(self, report: ReclaimReport) -> None:
+        raise AssertionError("never called")
+
+
+class AsyncCallableAllocatorStandIn:
+    add_reclaimed = AsyncCallStandIn()
+
+
+@pytest.mark.parametrize(
+    "allocator",
+    [AsyncAllocatorStandIn(), AsyncCallableAllocatorStandIn()],
+    ids=["async-def", "async-__call__"],
+)
+def test_an_async_add_reclaimed_is_refused_before_the_offer(
+    allocator: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # "coroutine ... was never awaited"
+        report = hook(runtime(allocator=allocator))
+    assert report.reclaimed_bytes == 0 and "coroutine function" in (report.reason or "")
+    assert active_installation() is None and not seam_is_ours()
+    (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
+    assert line.levelno == logging.WARNING and "async def" in line.getMessage()
+    plugin.finish()
+    with pytest.raises(L2EvictError, match="coroutine function"):
+        hook(runtime(allocator=allocator, config=RAISE))
+
+
+# 6. on_error = "raise" raises on every outcome that falls back.
+def _ends_itself_during_the_hook() -> ReferenceRuntime:
+    class EndingRuntimeStandIn(ReferenceRuntime):
+        def resident_tensors(self) -> Any:
+            plugin.finish()  # startup_complete, while the hook runs
+            return super().resident_tensors()
+
+    base = runtime(config=RAISE)
+    return EndingRuntimeStandIn(**{k: getattr(base, k) for k in base.__dataclass_fields__})
+
+
+FALLBACKS: dict[str, tuple[Callable[[], ReferenceRuntime], str]] = {
+    "no-storage-covers-the-window": (
+        lambda: runtime(nbytes=MiB, config=RAISE),
+        "eligible storages hold",
+    ),
+    "exclude-matches-every-tensor": (
+        lambda: runtime(config={"plugins": {"l2evict": {"on_error": "raise", "exclude": ["*"]}}}),
+        "eligible",
+    ),
+    "race-jobs-0": (lambda: runtime(config=RAISE, race_jobs=0), "0 race jobs"),
+    "startup-complete-during-the-hook": (_ends_itself_during_the_hook, "startup_complete ran"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FALLBACKS))
+def test_on_error_raise_raises_on_every_fallback(case: str) -> None:
+    make, cause = FALLBACKS[case]
+    host = make()
+    with pytest.raises(L2EvictError, match="on_error = 'raise'") as raised:
+        hook(host)
+    assert cause in str(raised.value) and "\n" not in str(raised.value)
+    assert host.kv_allocator.reclaimed_bytes == 0
+    assert active_installation() is None and not seam_is_ours()
+
+
+def test_on_error_raise_raises_on_a_refused_repeated_call_and_keeps_the_first() -> None:
+    host = runtime(config=RAISE)
+    assert hook(host).reclaimed_bytes == CREDIT
+    with pytest.raises(L2EvictError, match=r"on_error = 'raise'.*repeated call") as raised:
+        hook(host)
+    assert "\n" not in str(raised.value)
+    assert host.kv_allocator.reclaimed_bytes == CREDIT and seam_is_ours()  # the first stands
+
+
+def test_on_error_raise_does_not_raise_when_disabled() -> None:
+    host = runtime(config={"plugins": {"l2evict": {"on_error": "raise", "enabled": False}}})
+    report = hook(host)
+    assert report.reclaimed_bytes == 0 and "enabled = false" in (report.reason or "")
+
+
+def test_a_start_up_that_fell_back_keeps_no_host_object_alive() -> None:
+    import gc
+
+    host = runtime(nbytes=MiB)  # too few bytes: falls back
+    alive = host.tensors["model.layers.0.mlp.experts.w13_weight"].untyped_storage()._weak_ref()
+    assert hook(host).reclaimed_bytes == 0
+    del host
+    gc.collect()
+    assert torch.UntypedStorage._expired(alive)  # the start-up holds its runtime weakly
+    assert hook(runtime()).reclaimed_bytes == 0  # the start-up is still active ...
+    complete(
+        runtime()
+    )  # ... until startup_complete, which anyone may call once its runtime is gone
+    fresh = runtime()
+    assert hook(fresh).reclaimed_bytes == CREDIT
+    complete(fresh)
