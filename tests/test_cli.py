@@ -339,3 +339,20 @@ def test_startup_takes_an_index_or_its_shards_as_one_checkpoint(
         after = json.loads(out)["with"]
         figures.append((after["loaded_bytes"], after["reclaimed_bytes"], after["kv_tokens"]))
     assert figures[0] == figures[1] == figures[2] and figures[0][1] > 0
+
+
+@pytest.mark.parametrize("command", ["plan", "startup", "check"])
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path, command: str) -> None:
+    import os
+
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    done = subprocess.run(
+        [sys.executable, "-m", "flare_l2evict", command, str(fifo)],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a blocked open would wait for a writer forever
+        check=False,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert _SHAPE.match(done.stderr) and "not a" in done.stderr, done.stderr

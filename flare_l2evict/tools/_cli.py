@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import signal
+import stat
 import sys
 import tempfile
 import textwrap
@@ -678,9 +680,11 @@ def refuse_non_safetensors(paths: Sequence[Path]) -> None:
         if path.name.endswith(".index.json"):
             continue
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read
+                continue
             with path.open("rb") as handle:
                 head = handle.read(8)
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # ValueError: a NUL inside the path
             continue
         if not head or not all(byte in _TEXT_BYTES for byte in head):
             continue
