@@ -65,7 +65,7 @@ def test_own_checkpoint_and_config(
     [
         ("missing", "no such checkpoint"),
         ("junk", "a text file, not a safetensors file (it starts with 'this is ')"),
-        ("truncated", "not a readable safetensors file"),
+        ("truncated", "(bytes 0..4,000 outside the 3,900 data bytes); fix: re-export or re-down"),
     ],
 )
 def test_bad_checkpoints_are_one_line(

@@ -337,8 +337,9 @@ def _load_files(paths: list[Path], device: torch.device) -> dict[str, torch.Tens
     The headers are read first, as ``plan`` and ``check`` read them, so an
     index, a missing shard or a tensor in two files gets their one-line error.
     """
-    if len(paths) == 1 and not paths[0].name.endswith(".index.json"):
-        return load_checkpoint(paths[0], device)
+    missing = next((path for path in paths if not path.exists()), None)
+    if missing is not None:
+        return load_checkpoint(missing, device)  # its one line: no such checkpoint, and the fix
     from .._headers import read_checkpoint
 
     wanted: dict[str, set[str]] = {}
