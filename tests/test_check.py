@@ -253,6 +253,7 @@ def test_a_standalone_b12x_is_looked_up_in_the_table(
     # The stand-in has no races: the proof refuses it, whatever the table says.
     lines = out.splitlines()
     assert code == 1 and lines[lines.index("seam: falls back") + 1].startswith("    b12x ")
+    assert all(len(line) <= 100 for line in lines)
 
 
 def test_no_b12x_names_what_was_found_and_what_is_needed(
@@ -282,6 +283,7 @@ def test_the_fork_is_named_as_the_provider(
     provider = next(line for line in out.splitlines() if line.startswith("b12x provider:"))
     assert provider.startswith("b12x provider: fork (flashinfer-python ")
     assert "with the fork's use_startup_eviction" in provider and code == 0
+    assert all(len(line) <= 100 for line in out.splitlines())
 
 
 def test_persisting_l2_is_not_applicable_on_a_cpu(capsys: pytest.CaptureFixture[str]) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from flare_l2evict import settings_from_config
+from flare_l2evict._settings import settings_from_config
 from flare_l2evict.tools._cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
