@@ -97,7 +97,7 @@ def commands_note(out: str) -> str:
     lines += [
         "",
         "`deploy.toml`, `deploy.yaml` and `deploy.json` hold the same settings (YAML needs",
-        f"`{YAML_INSTALL}`, as the README and the error without it say).",
+        f"`{YAML_INSTALL}`).",
         "",
     ]
     return "\n".join(lines)
