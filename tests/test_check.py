@@ -40,15 +40,38 @@ def test_a_bare_check_says_which_device_and_why(capsys: pytest.CaptureFixture[st
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     code, out, _ = run(capsys, "check")
-    first, versions = out.splitlines()[:2]
+    lines = out.splitlines()
+    first, versions, provider = lines[:3]
+    # The file import b12x loads, under the provider line (wrapped there if it is long).
+    imported = " ".join(line.strip() for line in lines[3:5] if line.startswith("    "))
+    own = importlib.metadata.version("flare-l2evict")
     assert first == (
-        "flare-l2evict check on cpu (default: no CUDA device here, so profile gb202 stands in)"
+        f"flare-l2evict {own} check on cpu (default: no CUDA device here, so profile gb202 "
+        "stands in)"
     )
     flashinfer = importlib.metadata.version("flashinfer-python")
-    # b12x ships inside flashinfer-python here, with no distribution record of its own.
-    assert f"b12x: flashinfer-python {flashinfer} (" in versions
-    assert "not installed" not in versions
+    # b12x ships inside flashinfer-python here, with no distribution record of its own:
+    # the provider line names that release, and nothing else repeats it.
+    assert versions == f"torch {importlib.metadata.version('torch')}"
+    assert provider.startswith(f"b12x provider: FlashInfer (flashinfer-python {flashinfer}); ")
+    assert imported.startswith("import b12x loads /") and imported.endswith(".py")
+    assert all(len(line) <= 100 for line in lines)
+    assert out.count(flashinfer) == 1
     assert "seam: installs" in out and code == 0
+
+
+def test_every_line_fits_100_columns_and_each_reason_is_given_once(
+    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+) -> None:
+    path = write_checkpoint({"w": torch.zeros(96 * MiB // 4)})
+    code, out, _ = run(capsys, "check", str(path), "--device", "cpu")
+    lines = out.splitlines()
+    assert code == 1 and all(len(line) <= 100 for line in lines), out
+    reason = "no storage on this rank's checkpoint covers the 268,435,456-byte eviction window:"
+    assert " ".join(out.split()).count(reason) == 1
+    at = lines.index("storage read: none")
+    assert lines[at + 1].startswith(f"    {reason}")
+    assert lines[-1] == "verdict: falls back, credit 0 bytes (the reason above)"
 
 
 def test_check_defaults_to_the_gpu_where_there_is_one(
@@ -228,7 +251,9 @@ def test_a_standalone_b12x_is_looked_up_in_the_table(
     code, out, _ = run(capsys, "check", "--device", "cpu")
     assert f"b12x provider: standalone (b12x {version}); {table}" in out.splitlines()
     # The stand-in has no races: the proof refuses it, whatever the table says.
-    assert code == 1 and "seam: falls back: b12x " in out
+    lines = out.splitlines()
+    assert code == 1 and lines[lines.index("seam: falls back") + 1].startswith("    b12x ")
+    assert all(len(line) <= 100 for line in lines)
 
 
 def test_no_b12x_names_what_was_found_and_what_is_needed(
@@ -258,6 +283,7 @@ def test_the_fork_is_named_as_the_provider(
     provider = next(line for line in out.splitlines() if line.startswith("b12x provider:"))
     assert provider.startswith("b12x provider: fork (flashinfer-python ")
     assert "with the fork's use_startup_eviction" in provider and code == 0
+    assert all(len(line) <= 100 for line in out.splitlines())
 
 
 def test_persisting_l2_is_not_applicable_on_a_cpu(capsys: pytest.CaptureFixture[str]) -> None:
@@ -324,11 +350,9 @@ def test_gpu_check_prints_the_provider_and_persisting_l2_lines(
     lines = out.splitlines()
     print("\n".join(lines), file=sys.stderr)  # the lines for the closing note
     assert any(line.startswith("b12x provider: ") for line in lines)
-    assert any(
-        line.startswith("persisting L2 carve-out: 0 bytes (cudaLimitPersistingL2CacheSize")
-        and line.endswith("every L2 line can be evicted")
-        for line in lines
-    )
+    at = lines.index("persisting L2 carve-out: 0 bytes: every L2 line can be evicted")
+    assert lines[at + 1].startswith("    (cudaLimitPersistingL2CacheSize, read via ")
+    assert all(len(line) <= 100 for line in lines)
 
 
 @pytest.mark.gpu
@@ -342,9 +366,17 @@ def test_gpu_a_persisting_carve_out_is_named_with_its_fix(
         _, figures = check_json(capsys, "--device", "cuda:0")
         assert figures["persisting_l2"]["bytes"] == kept
         _, out, _ = run(capsys, "check", "--device", "cuda:0")
-        line = next(x for x in out.splitlines() if x.startswith("persisting L2 carve-out:"))
-        print(line, file=sys.stderr)
-        assert f"{kept:,} bytes" in line and "races may run warm there" in line
-        assert "cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0)" in line
+        lines = out.splitlines()
+        at = next(i for i, x in enumerate(lines) if x.startswith("persisting L2 carve-out:"))
+        line = " ".join(lines[at].split())
+        detail = []
+        for below in lines[at + 1 :]:
+            if not below.startswith("    "):
+                break
+            detail.append(below.strip())
+        print("\n".join(lines[at : at + 1 + len(detail)]), file=sys.stderr)
+        assert line == f"persisting L2 carve-out: {kept:,} bytes: races may run warm there"
+        assert "cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0)" in " ".join(detail)
+        assert all(len(x) <= 100 for x in lines)
     finally:
         _set_persisting_limit(0)

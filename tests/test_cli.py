@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -63,8 +64,8 @@ def test_own_checkpoint_and_config(
     ("setup", "message"),
     [
         ("missing", "no such checkpoint"),
-        ("junk", "not a readable safetensors file"),
-        ("truncated", "not a readable safetensors file"),
+        ("junk", "a text file, not a safetensors file (it starts with 'this is ')"),
+        ("truncated", "(bytes 0..4,000 outside the 3,900 data bytes); fix: re-export or re-down"),
     ],
 )
 def test_bad_checkpoints_are_one_line(
@@ -91,7 +92,9 @@ def test_bad_config_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     config.write_text("[plugins.l2evict]\nwindow = -5\n")
     code, _, err = run(capsys, "startup", "--plugin", "l2evict", "--config", str(config))
     assert code == 2
-    assert err.startswith("error: plugins.l2evict.window = -5 is invalid: use 'stock'")
+    assert err.startswith(
+        "error: flare-l2evict startup: plugins.l2evict.window = -5 is invalid: use 'stock'"
+    )
 
 
 def test_unknown_plugin_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -107,7 +110,11 @@ def test_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_python_dash_m_and_console_script() -> None:
-    for command in ([sys.executable, "-m", "flare_l2evict", "--help"], ["flare-l2evict", "--help"]):
+    # The console script pip wrote next to this interpreter: no PATH needed (a venv's bin
+    # is on PATH only once activated).
+    script = Path(sys.executable).with_name("flare-l2evict")
+    assert script.is_file(), f"no console script next to {sys.executable}"
+    for command in ([sys.executable, "-m", "flare_l2evict", "--help"], [str(script), "--help"]):
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stderr
         assert "startup" in done.stdout
@@ -117,7 +124,13 @@ def test_bench_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     code, _, err = run(capsys, "bench")
-    assert code == 2 and "bench needs a CUDA device" in err and err.count("\n") == 1
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(
+        "error: flare-l2evict bench: needs a CUDA device (no --device given, and the default "
+        "cuda:0 is not available: no CUDA here); fix: run it on a GPU machine"
+    )
+    code, _, err = run(capsys, "bench", "--device", "cuda:0")
+    assert code == 2 and "(--device cuda:0 given, but CUDA is not available here)" in err
 
 
 def _modules_after(code: str) -> set[str]:
@@ -260,3 +273,86 @@ def test_startup_json_cuts_a_huge_name_as_plan_does(
     assert report["source_tensor"] == "w" * 60 + "...[1,000,000 chars]"
     assert report["sources"][0]["tensor"] == report["source_tensor"]
     assert report["names_cut"] == 2 and report["reclaimed_bytes"] > 0
+
+
+def test_version_names_the_package_and_its_release(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 0 and err == ""
+    assert out == f"flare-l2evict {version('flare-l2evict')}\n"
+
+
+_SHAPE = re.compile(r"^error: flare-l2evict (startup|plan|check|bench|example): (.+); fix: (.+)\n$")
+
+
+@pytest.mark.parametrize(
+    ("argv", "cause", "fix"),
+    [
+        (["plan", "{tmp}/missing.safetensors"], "no such safetensors file", "check the path"),
+        (["startup", "{tmp}/missing.safetensors"], "no such checkpoint", "pass a .safetensors"),
+        (["check", "--config", "{tmp}/bad.toml"], "bad.toml: cannot parse toml (", "correct the "
+         "config file at the line or key named"),
+        (["check", "--config", "{tmp}/window.toml"], "plugins.l2evict.window = -5 is invalid",
+         "correct the config file at the line or key named"),
+        (["plan", "x", "--bogus"], "unrecognized arguments: --bogus",
+         "see flare-l2evict plan --help"),
+        (["startup", "{tmp}/index.json"], "a JSON file, not a safetensors file",
+         "or its model.safetensors.index.json"),
+        (["example", "--out", "{tmp}/bad.toml"], "not a directory", "name a new or existing"),
+    ],
+)  # fmt: skip
+def test_every_error_has_one_shape(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], cause: str, fix: str
+) -> None:
+    (tmp_path / "bad.toml").write_text("[plugins\n")
+    (tmp_path / "window.toml").write_text("[plugins.l2evict]\nwindow = -5\n")
+    (tmp_path / "index.json").write_text('{"metadata": {}, "weight_map": {"w": "a.safetensors"}}')
+    try:
+        code = main([arg.format(tmp=tmp_path) for arg in argv])
+    except SystemExit as exited:
+        assert isinstance(exited.code, int)
+        code = exited.code
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    shape = _SHAPE.match(err)
+    assert shape is not None, err
+    assert shape.group(1) == argv[0] and cause in shape.group(2) and fix in shape.group(3)
+    assert "re-download" not in err
+
+
+def test_startup_takes_an_index_or_its_shards_as_one_checkpoint(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "example", "--out", "ex")[0] == 0
+    figures = []
+    for paths in (
+        ["ex/model.safetensors"],
+        ["ex/model.safetensors.index.json"],
+        ["ex/model-00001-of-00002.safetensors", "ex/model-00002-of-00002.safetensors"],
+    ):
+        code, out, _ = run(capsys, "startup", *paths, "--plugin", "l2evict", "--json")
+        assert code == 0
+        after = json.loads(out)["with"]
+        figures.append((after["loaded_bytes"], after["reclaimed_bytes"], after["kv_tokens"]))
+    assert figures[0] == figures[1] == figures[2] and figures[0][1] > 0
+
+
+@pytest.mark.parametrize("command", ["plan", "startup", "check"])
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path, command: str) -> None:
+    import os
+
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    done = subprocess.run(
+        [sys.executable, "-m", "flare_l2evict", command, str(fifo)],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a blocked open would wait for a writer forever
+        check=False,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert _SHAPE.match(done.stderr) and "not a" in done.stderr, done.stderr

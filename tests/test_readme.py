@@ -7,12 +7,14 @@ Fenced blocks are read by their info string:
 - ``bash``: each line a command, run through the CLI (``# exit N`` after a
   command says the exit code it must give; a ``pip install ... &&`` prefix is
   CI's install step, ``.ci/run`` itself);
-- ``bash setup``: shell set-up (a virtual environment, a wheel), not run here;
+- ``bash setup``: shell set-up (a virtual environment), not run here;
+- ``bash alternative``: another way to set up (a wheel instead of ``-e .``), not run in
+  sequence and not here;
 - ``bash gpu``: the same as ``bash``, on a CUDA machine only (the GPU suite runs them);
 - ``bash host``: flare's own commands, not run here;
-- ``text output``: lines the last command of the ``bash`` block before it
-  prints on stdout;
-- ``text log``: lines the README's setup command prints in its log (stderr).
+- ``text output``: the whole stdout of the last command of the ``bash`` block before it;
+- ``text log``: lines the README's setup command prints in its log (stderr);
+- ``text stderr``: the whole stderr of the ``python`` snippet before it.
 
 Commands run in an empty directory where the README's own
 ``flare-l2evict example --out example`` ran first: every file they name is
@@ -175,7 +177,7 @@ def test_the_two_setup_commands_are_what_ci_runs() -> None:
         "pip install torch==2.13.0 -e '.[flashinfer]' && flare-l2evict startup --plugin l2evict",
         "pip install torch==2.13.0 -e '.[test]' && python -m pytest",
     ]
-    (venv, _wheel) = blocks("bash", "setup")
+    (venv,) = blocks("bash", "setup")
     assert venv.text.startswith("python3 -m venv .venv")
     ci = CI.read_text()
     assert "-m venv .ci/venv" in ci
@@ -242,21 +244,63 @@ def test_shown_output_is_what_its_command_prints(
         capsys.readouterr()
         assert run(command, workdir, monkeypatch) == command.exit_code, command.where
         out = capsys.readouterr().out
-    for line in block.text.splitlines():
-        assert line in out.splitlines(), (
-            f"README:{block.line}: {line!r} not printed by {command.where}"
-        )
+    assert out == block.text, f"README:{block.line}: not what {command.where} prints"
 
 
-def test_the_readme_snippet_says_no_race_ran_and_never_advises_zero_jobs(tmp_path: Path) -> None:
+def test_the_readme_snippet_logs_what_it_shows_once_and_never_advises_zero_jobs(
+    tmp_path: Path,
+) -> None:
     snippet = next(b for b in blocks("python") if "startup_complete" in b.text)
+    (shown,) = blocks("text", "stderr")
     done = subprocess.run(
         [sys.executable, "-c", snippet.text], capture_output=True, text=True, cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    audit = done.stdout.splitlines()[-1]
-    assert "0 evictions asked" in audit and "NO RACE RAN" in audit
-    assert "race_jobs to 0" not in done.stdout + done.stderr
+    # The log is the snippet's only output: each fact once, with its level.
+    assert done.stdout == "" and done.stderr == shown.text
+    credit, audit = done.stderr.splitlines()
+    assert credit.startswith("INFO flare_l2evict: reclaimed ")
+    assert audit.startswith("WARNING flare_l2evict: audit: ") and "NO RACE RAN" in audit
+    assert "0 evictions asked" in audit and "race_jobs to 0" not in done.stderr
+    # The grep section tells the host to route the logger, as the snippet does.
+    assert "logging.basicConfig(level=logging.INFO" in snippet.text
+    assert "must route that logger at INFO" in README.read_text(encoding="utf-8")
+
+
+_ERROR = re.compile(r"^error: flare-l2evict (startup|plan|check|bench|example): .+; fix: .+\n$")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [c for c in cpu_commands() if c.exit_code == 2],
+    ids=lambda c: " ".join(c.argv)[:60],
+)
+def test_the_readme_error_commands_print_one_line_of_one_shape(
+    command: Command,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    capsys.readouterr()
+    assert run(command, workdir, monkeypatch) == 2, command.where
+    out, err = capsys.readouterr()
+    assert out == "" and _ERROR.match(err), f"{command.where}: {err!r}"
+
+
+def test_yaml_needs_the_extra_everywhere_it_is_said(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flare_l2evict._errors import ConfigError
+    from flare_l2evict._settings import load_deployment_config
+    from flare_l2evict.tools._example import YAML_INSTALL
+
+    note = " ".join((workdir / "example" / "COMMANDS.md").read_text().split())
+    assert f"`{YAML_INSTALL}`" in note and "pyyaml" not in note.lower().replace("[yaml]", "")
+    assert "install `flare-l2evict[yaml]`" in README.read_text(encoding="utf-8")
+    monkeypatch.setitem(sys.modules, "yaml", None)  # an environment without PyYAML
+    with pytest.raises(ConfigError) as refused:
+        load_deployment_config(workdir / "example" / "deploy.yaml")
+    assert str(refused.value).endswith(f"fix: {YAML_INSTALL}")
 
 
 def _usage_flags(text: str) -> set[str]:
@@ -304,10 +348,10 @@ def test_every_config_is_valid() -> None:
 
 def test_host_commands_name_the_plugin_and_the_wheel_setup_builds() -> None:
     (host,) = blocks("bash", "host")
-    (_venv, wheel) = blocks("bash", "setup")
+    (wheel,) = blocks("bash", "alternative")
     built = re.search(r"pip install (dist/(\S+\.whl))", wheel.text)
-    assert built is not None
-    assert "--plugin l2evict" in host.text and f"pip install {built.group(2)}" in host.text
+    assert built is not None and wheel.text.startswith("pip wheel --no-deps -w dist .")
+    assert "--plugin l2evict" in host.text and f"pip install {built.group(1)} " in host.text
     from importlib.metadata import version
 
     assert built.group(2) == f"flare_l2evict-{version('flare-l2evict')}-py3-none-any.whl"
@@ -315,9 +359,39 @@ def test_host_commands_name_the_plugin_and_the_wheel_setup_builds() -> None:
 
 def test_every_block_is_of_a_known_kind() -> None:
     known = {("python", ""), ("toml", ""), ("bash", ""), ("bash", "gpu"), ("bash", "host")}
-    known |= {("bash", "setup")}
-    known |= {("text", "output"), ("text", "log")}
+    known |= {("bash", "setup"), ("bash", "alternative")}
+    known |= {("text", "output"), ("text", "log"), ("text", "stderr")}
     text = README.read_text(encoding="utf-8")
     seen = {(m.group(1), m.group(2) or "") for m in _FENCE.finditer(text)}
     assert seen <= known, seen - known
     assert text.count("```") == 2 * len(list(_FENCE.finditer(text)))  # no block unread
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_to_a_section_names_a_heading() -> None:
+    text = README.read_text(encoding="utf-8")
+    headings = {_anchor(h) for h in re.findall(r"^#+ (.+)$", _FENCE.sub("", text), re.MULTILINE)}
+    links = set(re.findall(r"\]\(#([^)]+)\)", text))
+    assert links and links <= headings, links - headings
+
+
+def test_the_first_questions_are_answered_before_the_config() -> None:
+    text = README.read_text(encoding="utf-8")
+    using = text.index("## Using it with flare")
+    faq = text.index("### Operating it: the first questions")
+    assert using < faq < text.index("[plugins.l2evict]\nenabled")
+    answers = text[faq : text.index("It is on for every deployment")]
+    for needed in (
+        "(#installing-into-a-server)",
+        "runtime.race_jobs",
+        "--race-jobs J",
+        "enabled = false",
+        "--plugin l2evict",
+        "next start-up",
+        "nothing persists",
+    ):
+        assert needed in answers, needed

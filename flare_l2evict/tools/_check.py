@@ -5,14 +5,16 @@ sizes (:func:`flare_l2evict._sizes.measure_sizes`: the seam proof, stock's
 buffer measured on CUDA, the window), the decision on this rank's checkpoint
 headers (as ``plan`` makes it) and the credit. Around them it names what only
 an operator needs: the b12x provider and whether its release is judged, and
-the device's persisting-L2 carve-out. One line per step, or with
-``as_json`` one object holding every figure.
+the device's persisting-L2 carve-out. One line per step, each within
+:data:`WIDTH` columns with its detail on indented lines under it, each fact
+once; or with ``as_json`` one object holding every figure.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,7 +71,9 @@ def run_check(
         headers = read_checkpoint(list(checkpoint))
     report = _Report(quiet=as_json)
     report.figures |= {"device": str(device), "device_reason": device_reason}
-    report.line(f"flare-l2evict check on {device} ({device_reason})")
+    own = _version("flare-l2evict") or "(not installed)"
+    report.figures["flare_l2evict"] = own
+    report.line(f"flare-l2evict {own} check on {device} ({device_reason})")
     _provider_lines(report)
     sizes, blocked = _sizes(report, device, profile, settings)
     if not settings.enabled:
@@ -78,14 +82,14 @@ def run_check(
     if granted.nbytes == 0:
         reason = granted.reason or "nothing to credit"
         report.figures |= {"verdict": "falls back", "credit_bytes": 0, "reason": reason}
-        report.line(f"verdict: falls back, credit 0 bytes: {shown(reason, 600)}")
+        report.because("verdict: falls back, credit 0 bytes", shown(reason, 600))
         code = 1
     else:
         report.figures |= {"verdict": "installs", "credit_bytes": granted.nbytes, "reason": None}
         report.line(
-            f"verdict: installs; credit {granted.nbytes:,} bytes "
-            f"({sizes.race_jobs} race jobs x {sizes.stock.nbytes:,} bytes, "
-            "less the eviction's own outputs and kernel code)"
+            f"verdict: installs; credit {granted.nbytes:,} bytes",
+            f"{sizes.race_jobs} race jobs x {sizes.stock.nbytes:,} bytes, "
+            "less the eviction's own outputs and kernel code",
         )
         code = 0
     report.figures["exit_code"] = code
@@ -114,11 +118,14 @@ def _provider_lines(report: _Report) -> None:
         "path": origin.path,
         "judged": None if row is None else ("installs" if row.installs else "falls back"),
     }
-    where = f" ({shown(origin.path)})" if origin.path else ""
-    report.line(
-        f"torch {_version('torch') or 'not installed'}; b12x: {shown(origin.describe())}{where}; "
-        f"flashinfer-python {flashinfer or 'not installed'}"
-    )
+    # Each version once: flashinfer-python's here only where it is not the provider's release
+    # (the provider line names that one).
+    torch_line = f"torch {_version('torch') or 'not installed'}"
+    if origin.distribution != "flashinfer-python":
+        torch_line += f"; flashinfer-python {flashinfer or 'not installed'}"
+        if flashinfer:
+            torch_line += " (not the b12x provider)"
+    report.line(torch_line)
     release = f"{origin.distribution} {origin.version}" if origin.distribution else "no release"
     if row is not None:
         table = f"judged table: {'installs' if row.installs else 'falls back'}"
@@ -127,7 +134,13 @@ def _provider_lines(report: _Report) -> None:
     else:
         table = "not in the judged table: the seam proof below judges it"
     via = f" with the fork's {FORK.function}" if fork else ""
-    report.line(f"b12x provider: {provider} ({shown(release)}){via}; {table}")
+    if origin.path is None:
+        imported = "import b12x: not importable"
+    elif origin.distribution is None:
+        imported = f"import b12x loads {shown(origin.path)} (no installed distribution owns it)"
+    else:
+        imported = f"import b12x loads {shown(origin.path)}"
+    report.line(f"b12x provider: {provider} ({shown(release)}){via}; {table}", imported)
     torch_floor = ".".join(map(str, MIN_TORCH))
     report.figures["supported"] = {"b12x": NEEDED, "torch": f">={torch_floor}"}
     report.line(f"supported: {NEEDED} (or a fork with {FORK.function}); torch>={torch_floor}")
@@ -141,15 +154,13 @@ def _sizes(
 ) -> tuple[Sizes, str | None]:
     """Start-up's sizes on ``device``, and the seam's refusal (the formula buffer then)."""
     from .._sizes import Sizes, measure_sizes
-    from ._persisting_l2 import persisting_l2_line
 
     l2_from_profile = device.type != "cuda"
     l2 = profile.l2_cache_bytes if l2_from_profile else device_l2_bytes(device)
     l2_source = f"profile {profile.name}" if l2_from_profile else "read from the device"
     report.figures |= {"l2_cache_bytes": l2, "l2_source": l2_source, "race_jobs": profile.race_jobs}
     report.line(f"device: {device} (L2 {l2:,} bytes, {l2_source})")
-    line, report.figures["persisting_l2"] = persisting_l2_line(device)
-    report.line(line)
+    _persisting_l2(report, device)
     blocked: str | None = None
     try:
         sizes = measure_sizes(device, l2, settings, profile.race_jobs)
@@ -158,7 +169,7 @@ def _sizes(
         formula = StockBuffer(stock_buffer_bytes(l2), measured=False)
         sizes = Sizes(l2, settings.window_bytes(l2), formula, profile.race_jobs, None)
         report.figures["seam"] = {"verdict": "falls back", "via": None, "reason": blocked}
-        report.line(f"seam: falls back: {shown(blocked, 600)}")
+        report.because("seam: falls back", shown(blocked, 600))
     else:
         _seam_installs(report, sizes)
     how = "measured" if sizes.stock.measured else "formula max(2 x L2, 64 MiB)"
@@ -223,14 +234,42 @@ def _storage_and_credit(
         "tensors": [{"name": s.name, "bytes": s.storage_bytes} for s in decision.sources],
     }
     if decision.sources:
-        listed = ", ".join(
-            f"{shown(s.name, 120)} ({s.storage_bytes:,} bytes)" for s in decision.sources
+        count = len(decision.sources)
+        report.line(
+            f"storage read: {count:,} {'storage' if count == 1 else 'storages'}",
+            *(f"{shown(s.name, 120)} ({s.storage_bytes:,} bytes)" for s in decision.sources),
         )
-        report.line(f"storage read: {listed}")
     else:
         why = decision.choice.shortfall or decision.credit.reason or ""
-        report.line(f"storage read: none ({shown(why, 600)})")
+        report.because("storage read: none", shown(why, 600))
     return decision.credit
+
+
+def _persisting_l2(report: _Report, device: torch.device) -> None:
+    """The carve-out's figure on its line; where it was read, and any fix, under it."""
+    from ._persisting_l2 import FIX, persisting_l2_line
+
+    line, figures = persisting_l2_line(device)
+    report.figures["persisting_l2"] = figures
+    nbytes = figures.get("bytes")
+    if not figures["applicable"]:
+        report.line(line)
+    elif nbytes is None:
+        report.line("persisting L2 carve-out: not read", shown(str(figures.get("via")), 600))
+    else:
+        read = f"(cudaLimitPersistingL2CacheSize, read via {figures['via']})"
+        if nbytes == 0:
+            report.line("persisting L2 carve-out: 0 bytes: every L2 line can be evicted", read)
+        else:
+            report.line(
+                f"persisting L2 carve-out: {nbytes:,} bytes: races may run warm there",
+                f"{read}: lines held there survive stock's eviction and the plugin's read; "
+                f"fix: {FIX}",
+            )
+
+
+WIDTH = 100
+"""Columns of every line ``check`` prints; a step's detail goes on indented lines under it."""
 
 
 class _Report:
@@ -239,7 +278,27 @@ class _Report:
     def __init__(self, *, quiet: bool) -> None:
         self.quiet = quiet
         self.figures: dict[str, Any] = {}
+        self.reasons: set[str] = set()
 
-    def line(self, text: str) -> None:
-        if not self.quiet:
-            print(text, flush=True)
+    def because(self, text: str, reason: str) -> None:
+        """``text`` with ``reason`` under it, or, if a line above gave it, pointing there."""
+        if reason in self.reasons:
+            self.line(f"{text} (the reason above)")
+        else:
+            self.reasons.add(reason)
+            self.line(text, reason)
+
+    def line(self, text: str, *details: str) -> None:
+        """``text`` on its own line; each of ``details`` wrapped, indented 4, under it."""
+        if self.quiet:
+            return
+        lines = textwrap.wrap(text, WIDTH, subsequent_indent="    ", break_on_hyphens=False)
+        for detail in details:
+            lines += textwrap.wrap(
+                detail,
+                WIDTH,
+                initial_indent="    ",
+                subsequent_indent="      ",
+                break_on_hyphens=False,
+            )
+        print("\n".join(lines), flush=True)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import signal
+import stat
 import sys
 import tempfile
 import textwrap
@@ -16,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .._errors import L2EvictError
+from .._errors import CheckpointError, ConfigError, L2EvictError
 from .._text import one_line, shown
 from .._units import GiB, MiB
 from ._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
@@ -174,11 +176,27 @@ BENCH_SECTIONS = ("memory", "cost", "coldness", "races", "hook")
 """``bench --only``'s sections (BENCHMARKS.md numbers them 1, 3, 2 and 5, 4 and 7, 6)."""
 
 
+def _own_version() -> str:
+    """This package's installed version (its distribution record), torch-free."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("flare-l2evict")
+    except PackageNotFoundError:  # a source tree on sys.path, never installed
+        return "(not installed)"
+
+
 def _parser() -> _Parser:
     parser = _Parser(
         prog="flare-l2evict",
         description="b12x start-up races evict L2 by reading resident weights; "
         "the KV cache gets the eviction buffers.",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"flare-l2evict {_own_version()}",
+        help="print flare-l2evict's version and exit",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     parser.commands = commands.choices
@@ -188,10 +206,11 @@ def _parser() -> _Parser:
     )
     startup.add_argument(
         "checkpoint",
-        nargs="?",
+        nargs="*",
         type=Path,
         metavar="CHECKPOINT",
-        help="a .safetensors file (default: embedded example)",
+        help=".safetensors files and/or a model.safetensors.index.json, loaded as one "
+        "checkpoint (default: the embedded example)",
     )
     startup.add_argument(
         "--plugin",
@@ -268,9 +287,7 @@ def _parser() -> _Parser:
         "bench",
         help="on a GPU: stock b12x eviction vs the plugin's (memory, efficacy, cost, races)",
     )
-    bench.add_argument(
-        "--device", type=_device_text, default="cuda:0", metavar="cuda:N", help="(default cuda:0)"
-    )
+    bench.add_argument("--device", type=_device_text, metavar="cuda:N", help="(default cuda:0)")
     bench.add_argument(
         "--out",
         type=Path,
@@ -383,6 +400,7 @@ def _startup(args: argparse.Namespace) -> int:
     config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
     if "l2evict" in args.plugin:
         settings_from_config(config)  # a bad section stops here, with its one-line message
+    refuse_non_safetensors(args.checkpoint)
     profile = _profile(args)
     device = _device(args.device)
     import torch
@@ -399,13 +417,13 @@ def _startup(args: argparse.Namespace) -> int:
         "kv_bytes_per_token": args.kv_bytes_per_token,
     }
     with tempfile.TemporaryDirectory(prefix="flare-l2evict-") as scratch:
-        checkpoint = args.checkpoint or write_example_checkpoint(scratch, stock_window_bytes(l2))
+        checkpoint = args.checkpoint or [write_example_checkpoint(scratch, stock_window_bytes(l2))]
         before = ReferenceHost(plugins=(), **common).start(checkpoint)
         after = ReferenceHost(plugins=args.plugin, **common).start(checkpoint)
     if args.json:
         print(json.dumps({"without": before.as_dict(), "with": after.as_dict()}, indent=2))
         return 0
-    what = shown(str(args.checkpoint)) if args.checkpoint else "embedded example"
+    what = shown(" ".join(map(str, args.checkpoint))) if args.checkpoint else "embedded example"
     header = (
         f"flare-l2evict startup: {what} on {device}\nprofile {profile.name} "
         f"({_size(before.memory_bytes)}, L2 {_size(before.l2_cache_bytes)}, "
@@ -424,6 +442,7 @@ def _plan(args: argparse.Namespace) -> int:
     config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
     settings = settings_from_config(config)
     profile = _profile(args)
+    refuse_non_safetensors(args.checkpoint)
     started = time.perf_counter()
     if args.per_rank:
         if len(args.checkpoint) != args.tp:
@@ -453,9 +472,10 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**plan.as_dict(), "seconds": round(elapsed, 4)}, indent=2))
         return 0
+    # The time to read headers is in --json ("seconds"): the table is the same every run.
     print(
         f"flare-l2evict plan: {plan.tensors:,} tensors in {plan.files:,} "
-        f"file{'s' if plan.files != 1 else ''}, headers read in {elapsed:.2f} s; TP{args.tp}"
+        f"file{'s' if plan.files != 1 else ''}; TP{args.tp}"
     )
     print(
         f"profile {profile.name} (L2 {_size(profile.l2_cache_bytes)}, {profile.race_jobs} race "
@@ -533,10 +553,16 @@ def plan_table(plan: Plan) -> str:
 def _bench(args: argparse.Namespace) -> int:
     import torch
 
+    given = args.device is not None
+    args.device = args.device or "cuda:0"
     if not args.device.startswith("cuda") or not torch.cuda.is_available():
-        raise L2EvictError(
-            f"bench needs a CUDA device (got --device {args.device}); fix: run it on a GPU machine"
-        )
+        if not given:
+            why = "no --device given, and the default cuda:0 is not available: no CUDA here"
+        elif args.device.startswith("cuda"):
+            why = f"--device {args.device} given, but CUDA is not available here"
+        else:
+            why = f"--device {args.device} given"
+        raise L2EvictError(f"needs a CUDA device ({why}); fix: run it on a GPU machine")
     device = _device(args.device)
     from .bench._run import run_bench, summary_table
 
@@ -586,6 +612,7 @@ def _example(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from ._check import run_check
 
+    refuse_non_safetensors(args.checkpoint)
     if args.device is not None:
         reason = "--device"
     else:
@@ -612,9 +639,70 @@ def _terminate(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(signum)
 
 
-def _error(message: str) -> None:
-    """The CLI's last guard: whatever an error carries, one line of at most 1 KB on stderr."""
-    print(one_line(f"error: {message}"), file=sys.stderr)
+_FIX = "; fix: "
+_DEFAULT_FIX: tuple[tuple[type[Exception], str], ...] = (
+    (ConfigError, "correct the config file at the line or key named"),
+    (CheckpointError, "pass .safetensors files or a model.safetensors.index.json"),
+)
+
+
+def error_line(command: str, cause: str, fix: str | None = None) -> str:
+    """``error: flare-l2evict CMD: <cause>; fix: <fix>``: every CLI error, one line of <= 1 KB.
+
+    A cause that carries its own ``; fix: ...`` keeps it; else ``fix`` is used.
+    The cause is cut before the fix is added, so the fix always survives.
+    """
+    cause, found, own_fix = cause.partition(_FIX)
+    fix = own_fix if found else (fix or f"see flare-l2evict {command} --help")
+    return one_line(f"error: flare-l2evict {command}: {shown(cause, 600)}{_FIX}{shown(fix, 300)}")
+
+
+def _error(command: str, cause: str, fix: str | None = None) -> None:
+    """The CLI's last guard: whatever an error carries, one line on stderr."""
+    print(error_line(command, cause, fix), file=sys.stderr)
+
+
+def _fix_for(error: Exception) -> str | None:
+    return next((fix for kind, fix in _DEFAULT_FIX if isinstance(error, kind)), None)
+
+
+def refuse_non_safetensors(paths: Sequence[Path]) -> None:
+    """Refuse, by name, a file that plainly is not safetensors (text or JSON, not an index).
+
+    A safetensors file starts with its header's length, 8 little-endian bytes;
+    8 bytes of printable text declare over 2**56 header bytes, which no file
+    has. So text there is never a checkpoint, and a JSON file is most likely
+    an index not named ``*.index.json`` (only that name is read as an index):
+    telling the operator to re-download it would send them after a good file.
+    Files that cannot be opened are left to the reader's own messages.
+    """
+    for path in paths:
+        if path.name.endswith(".index.json"):
+            continue
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read
+                continue
+            with path.open("rb") as handle:
+                head = handle.read(8)
+        except (OSError, ValueError):  # ValueError: a NUL inside the path
+            continue
+        if not head or not all(byte in _TEXT_BYTES for byte in head):
+            continue
+        where = shown(str(path))
+        if head.lstrip().startswith((b"{", b"[")):
+            raise CheckpointError(
+                f"{where}: a JSON file, not a safetensors file (an index is read as one only "
+                "when its name ends in .index.json); fix: pass the checkpoint's .safetensors "
+                "files, or its model.safetensors.index.json"
+            )
+        raise CheckpointError(
+            f"{where}: a text file, not a safetensors file (it starts with "
+            f"'{shown(head.decode('ascii'), 20)}'); fix: pass .safetensors files or a "
+            "model.safetensors.index.json"
+        )
+
+
+_TEXT_BYTES = frozenset(range(0x20, 0x7F)) | frozenset(b"\t\n\r\f\v")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -634,13 +722,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except L2EvictError as error:
-        _error(str(error))
+        _error(args.command, str(error), _fix_for(error))
         return 2
     except KeyboardInterrupt:
-        _error("interrupted; temporary files removed")
+        _error(args.command, "interrupted; temporary files removed", "run the command again")
         return 130
     except OSError as error:
-        _error(f"{error.strerror or error} ({shown(str(error.filename or 'no file'))})")
+        _error(
+            args.command,
+            f"{error.strerror or error} ({shown(str(error.filename or 'no file'))})",
+            "check the path and its permissions",
+        )
         return 2
     finally:
         signal.signal(signal.SIGTERM, previous)

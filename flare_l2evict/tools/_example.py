@@ -43,6 +43,9 @@ plugins:
     on_error: fallback
 """
 
+YAML_INSTALL = "pip install 'flare-l2evict[yaml]'"
+"""How YAML configs get their reader: the extra, as the README and the config error name it."""
+
 RANKS = 2
 """Ranks of the per-rank files: the example split as ``plan --tp 2`` estimates it."""
 
@@ -51,6 +54,11 @@ TRY: tuple[tuple[str, str], ...] = (
     (
         "Start-up on the single file, without and with the plugin, with a config:",
         "startup {dir}/model.safetensors --plugin l2evict --config {dir}/deploy.json",
+    ),
+    (
+        "Start-up on the index and its two shards (startup, plan and check all take a file, "
+        "its shards or its index):",
+        "startup {dir}/model.safetensors.index.json --plugin l2evict",
     ),
     (
         "Preflight on this machine (exit 0: it would install; 1: it would fall back):",
@@ -89,7 +97,7 @@ def commands_note(out: str) -> str:
     lines += [
         "",
         "`deploy.toml`, `deploy.yaml` and `deploy.json` hold the same settings (YAML needs",
-        "`pip install pyyaml`).",
+        f"`{YAML_INSTALL}`).",
         "",
     ]
     return "\n".join(lines)

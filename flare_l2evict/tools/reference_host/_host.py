@@ -200,8 +200,14 @@ class ReferenceHost:
             return int(properties.total_memory), int(properties.L2_cache_size)
         return self.profile.memory_bytes, self.profile.l2_cache_bytes
 
-    def start(self, checkpoint: str | Path | Mapping[str, torch.Tensor]) -> StartupResult:
-        """Load, call the hooks, start the race jobs, size the KV cache."""
+    def start(
+        self, checkpoint: str | Path | Sequence[str | Path] | Mapping[str, torch.Tensor]
+    ) -> StartupResult:
+        """Load, call the hooks, start the race jobs, size the KV cache.
+
+        ``checkpoint``: tensors, one .safetensors file, or several files and/or
+        ``*.index.json`` files naming one checkpoint (read as ``plan`` reads them).
+        """
         memory, l2 = self._device_figures()
         cuda = self.device.type == "cuda"
         if cuda:
@@ -209,8 +215,10 @@ class ReferenceHost:
             before = torch.cuda.memory_allocated(self.device)
         if isinstance(checkpoint, Mapping):
             tensors = {k: v.to(self.device) for k, v in checkpoint.items()}
-        else:
+        elif isinstance(checkpoint, (str, Path)):
             tensors = load_checkpoint(checkpoint, self.device)
+        else:
+            tensors = _load_files([Path(p) for p in checkpoint], self.device)
         loaded = (
             torch.cuda.memory_allocated(self.device) - before if cuda else _storage_bytes(tensors)
         )
@@ -317,6 +325,27 @@ class ReferenceHost:
         names = tuple(map(_kind, evictions))
         evictions.clear()
         return _RaceJobs(storage, True, names, winners, peak, stand_in)
+
+
+def _load_files(paths: list[Path], device: torch.device) -> dict[str, torch.Tensor]:
+    """One checkpoint given as files and/or indexes: each file loaded once, as an index names it.
+
+    The headers are read first, as ``plan`` and ``check`` read them, so an
+    index, a missing shard or a tensor in two files gets their one-line error.
+    """
+    missing = next((path for path in paths if not path.exists()), None)
+    if missing is not None:
+        return load_checkpoint(missing, device)  # its one line: no such checkpoint, and the fix
+    from .._headers import read_checkpoint
+
+    wanted: dict[str, set[str]] = {}
+    for header in read_checkpoint(paths):
+        wanted.setdefault(header.file, set()).add(header.name)
+    tensors: dict[str, torch.Tensor] = {}
+    for file, names in wanted.items():
+        loaded = load_checkpoint(file, device)
+        tensors |= {name: loaded[name] for name in sorted(names)}
+    return tensors
 
 
 @dataclass(frozen=True)
