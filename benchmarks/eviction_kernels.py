@@ -17,7 +17,7 @@ import torch
 
 from flare_l2evict._eviction import WeightEviction
 from flare_l2evict._seam_table import stock_row
-from flare_l2evict._source import choose_source
+from flare_l2evict._weights import choose_weights
 from flare_l2evict.tools.bench import Probe, compare, time_call
 
 
@@ -67,7 +67,7 @@ def main() -> None:
     variants[f"b12x stock {row.function}"] = getattr(
         importlib.import_module(row.module_path), row.function
     )(device, enabled=True)
-    choice = choose_source({"weights": weights}, device, window)
+    choice = choose_weights({"weights": weights}, device, window)
     for kernel in ("auto", "torch"):
         eviction = WeightEviction(choice, kernel=kernel)
         variants[f"plugin, {eviction.kernel} read"] = eviction

@@ -31,14 +31,14 @@ _EXPORTS: dict[str, str] = {
     "L2EvictError": "_errors",
     "PluginNotFoundError": "_errors",
     "RuntimeContractError": "_errors",
-    "SourceError": "_errors",
+    "WeightsError": "_errors",
     "restore": "_install",
     "hookimpl": "_markers",
     "hookspec": "_markers",
     "evicting_from": "_program",
     "DeviceAudit": "_report",
     "ReclaimReport": "_report",
-    "SourceRead": "_report",
+    "RegionRead": "_report",
     "StartupAudit": "_report",
     "L2EvictSettings": "_settings",
     "load_deployment_config": "_settings",
@@ -71,7 +71,7 @@ if TYPE_CHECKING:
         L2EvictError as L2EvictError,
         PluginNotFoundError as PluginNotFoundError,
         RuntimeContractError as RuntimeContractError,
-        SourceError as SourceError,
+        WeightsError as WeightsError,
     )
     from ._install import restore as restore
     from ._markers import (
@@ -82,7 +82,7 @@ if TYPE_CHECKING:
     from ._report import (
         DeviceAudit as DeviceAudit,
         ReclaimReport as ReclaimReport,
-        SourceRead as SourceRead,
+        RegionRead as RegionRead,
         StartupAudit as StartupAudit,
     )
     from ._settings import (

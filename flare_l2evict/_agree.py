@@ -81,8 +81,9 @@ def agree(
     one), the rank's own figure stands.
     """
     number = next(_ROUNDS)
+    alone = Agreement(outcome.reclaimed_bytes, {}, outcome.reason)
     if not dist.is_available() or not dist.is_initialized():
-        return Agreement(outcome.reclaimed_bytes, {}, outcome.reason)
+        return alone
     store = _default_store()
     members = _members(group)
     if members is None:
@@ -91,29 +92,44 @@ def agree(
         if store is not None and dist.get_world_size() > 1:
             every = list(range(dist.get_world_size()))
             _vote(store, _keys(every, number)[dist.get_rank()], outcome)
-        return Agreement(outcome.reclaimed_bytes, {}, outcome.reason)
+        return alone
     if len(members) == 1:
-        return Agreement(outcome.reclaimed_bytes, {}, outcome.reason)
+        return alone
+    gathered = _gather(store, group, members, number, outcome)
+    return gathered if isinstance(gathered, Agreement) else _combine(outcome, gathered)
+
+
+def _gather(
+    store: Any,
+    group: dist.ProcessGroup | None,
+    members: list[int],
+    number: int,
+    outcome: RankOutcome,
+) -> list[RankOutcome] | Agreement:
+    """Every member's outcome, or the zero agreement that names the ranks that missed the wait."""
     if store is None:  # no store to vote in: one collective, bounded by the group's timeout
         gathered: list[RankOutcome | None] = [None] * len(members)
         dist.all_gather_object(gathered, outcome, group=group)
-        outcomes = [o for o in gathered if o is not None]
-    else:
-        votes = _exchange(store, members, number, outcome)
-        late = [index for index, vote in enumerate(votes) if vote is None]
-        if late:
-            me = members.index(dist.get_rank())
-            named = ", ".join(map(str, late[:8])) + (" ..." if len(late) > 8 else "")
-            who = "this rank" if me in late else f"rank {named}"
-            return Agreement(
-                0,
-                {index: "did not reach the agreement in time" for index in late},
-                f"{who} did not reach the tensor-parallel agreement within "
-                f"{AGREE_TIMEOUT_S:g} s of the others, so every rank credits 0; fix: pass "
-                "every rank's runtime.process_group (the tensor-parallel group) and call "
-                "before_first_capture on all ranks together",
-            )
-        outcomes = [vote for vote in votes if vote is not None]
+        return [o for o in gathered if o is not None]
+    votes = _exchange(store, members, number, outcome)
+    late = [index for index, vote in enumerate(votes) if vote is None]
+    if not late:
+        return [vote for vote in votes if vote is not None]
+    me = members.index(dist.get_rank())
+    named = ", ".join(map(str, late[:8])) + (" ..." if len(late) > 8 else "")
+    who = "this rank" if me in late else f"rank {named}"
+    return Agreement(
+        0,
+        {index: "did not reach the agreement in time" for index in late},
+        f"{who} did not reach the tensor-parallel agreement within "
+        f"{AGREE_TIMEOUT_S:g} s of the others, so every rank credits 0; fix: pass "
+        "every rank's runtime.process_group (the tensor-parallel group) and call "
+        "before_first_capture on all ranks together",
+    )
+
+
+def _combine(outcome: RankOutcome, outcomes: list[RankOutcome]) -> Agreement:
+    """The agreement every rank computes alike from the same outcomes."""
     fallback = {o.rank: o.reason or "reclaimed nothing" for o in outcomes if o.reclaimed_bytes == 0}
     digests = {o.settings_digest for o in outcomes}
     if len(digests) > 1:

@@ -9,9 +9,11 @@ from ._window import WORD
 OUTPUT_ROWS = 8192
 """Partial sums the eviction reduces into: enough rows that torch needs no temporary."""
 
-_BLOCK = 512  # allocation granularity of torch's CUDA caching allocator
+_ALLOCATOR_GRANULE = 512  # allocation granularity of torch's CUDA caching allocator
 
-EVICTION_OUTPUT_BYTES = -(-OUTPUT_ROWS * WORD // _BLOCK) * _BLOCK + _BLOCK
+EVICTION_OUTPUT_BYTES = (
+    -(-OUTPUT_ROWS * WORD // _ALLOCATOR_GRANULE) * _ALLOCATOR_GRANULE + _ALLOCATOR_GRANULE
+)
 """Device bytes one eviction holds for its outputs (partial sums and a scalar, in allocator blocks).
 
 They are what the eviction holds in torch's allocator, in place of stock's buffers.

@@ -1,6 +1,6 @@
 """The start-up decision, torch-free: which bytes the eviction reads, and what may be credited.
 
-Start-up (:func:`flare_l2evict.choose_source` converts torch storages), ``check`` and
+Start-up (:func:`flare_l2evict.choose_weights` converts torch storages), ``check`` and
 ``plan`` (safetensors headers) all call :func:`decide`, so what the tools print is
 what start-up does, by construction. The steps: storages by address range ->
 eligible -> largest first -> bytes read -> credit.
@@ -90,7 +90,7 @@ class Piece:
 
 
 @dataclass(frozen=True)
-class Source:
+class Region:
     """One region (chosen storages that overlap in memory, merged) the eviction reads.
 
     ``name`` is the first name, in sort order, of the region's largest storage;
@@ -108,17 +108,17 @@ class Source:
 
 
 @dataclass(frozen=True)
-class Choice:
+class RegionChoice:
     """The regions to read, largest first, and what they cover.
 
     Invariants a caller relies on: every piece lies inside its owner's storage;
     no two pieces share a byte; ``shortfall`` is ``None`` exactly when
     ``read_bytes >= window_bytes`` (the window rounded down to whole words is
-    read), else ``sources`` is empty and ``shortfall`` says why in one line.
+    read), else ``regions`` is empty and ``shortfall`` says why in one line.
     """
 
     window_bytes: int
-    sources: tuple[Source, ...]
+    regions: tuple[Region, ...]
     read_bytes: int
     shortfall: str | None
 
@@ -127,20 +127,20 @@ class Choice:
 class Decision:
     """:func:`decide`'s answer: the choice, and the credit with its reason when it is 0."""
 
-    choice: Choice
+    chosen: RegionChoice
     credit: Credit
 
     @property
     def window_bytes(self) -> int:
-        return self.choice.window_bytes
+        return self.chosen.window_bytes
 
     @property
     def read_bytes(self) -> int:
-        return self.choice.read_bytes
+        return self.chosen.read_bytes
 
     @property
-    def sources(self) -> tuple[Source, ...]:
-        return self.choice.sources
+    def regions(self) -> tuple[Region, ...]:
+        return self.chosen.regions
 
 
 def exclude_pattern(exclude: Sequence[str]) -> re.Pattern[str] | None:
@@ -151,7 +151,7 @@ def exclude_pattern(exclude: Sequence[str]) -> re.Pattern[str] | None:
 
 
 @dataclass
-class _Region:
+class _OpenRegion:
     start: int
     end: int
     name: str
@@ -180,21 +180,21 @@ class _Union:
     def __init__(self) -> None:
         self._firsts: list[int] = []  # the first region's start, per bucket
         self._starts: list[list[int]] = []
-        self._buckets: list[list[_Region]] = []
+        self._buckets: list[list[_OpenRegion]] = []
         self.readable = 0
 
     @property
     def empty(self) -> bool:
         return not self._buckets
 
-    def regions(self) -> list[_Region]:
+    def regions(self) -> list[_OpenRegion]:
         """Every region, in address order."""
         return [region for bucket in self._buckets for region in bucket]
 
     def add(self, owner: int, name: str, start: int, size: int) -> None:
         end = start + size
         b, at = self._locate(start)
-        touching: list[_Region] = []
+        touching: list[_OpenRegion] = []
         last, stop = b, at
         while last < len(self._buckets):
             bucket = self._buckets[last]
@@ -206,7 +206,7 @@ class _Union:
             last, stop = last + 1, 0
         if not touching:  # the common case: a range of its own, read whole (word-aligned)
             begin, stop_at = -(-start // WORD) * WORD, end // WORD * WORD
-            alone = _Region(start, end, name, size)
+            alone = _OpenRegion(start, end, name, size)
             if stop_at > begin:
                 alone.pieces.append(Piece(owner, begin - start, stop_at - begin))
                 self.readable += stop_at - begin
@@ -221,7 +221,7 @@ class _Union:
             cursor = max(cursor, region.end)
         if cursor < end:
             gaps.append((cursor, end))
-        merged = _Region(start, end, name, size)
+        merged = _OpenRegion(start, end, name, size)
         if touching:
             merged.pieces = max(touching, key=lambda r: len(r.pieces)).pieces
         for region in touching:
@@ -249,7 +249,7 @@ class _Union:
             at -= 1
         return b, at
 
-    def _replace(self, b: int, at: int, last: int, stop: int, merged: _Region) -> None:
+    def _replace(self, b: int, at: int, last: int, stop: int, merged: _OpenRegion) -> None:
         """Regions from ``(b, at)`` up to ``(last, stop)`` (exclusive) become ``merged``."""
         if not self._buckets:
             self._buckets, self._starts, self._firsts = [[merged]], [[merged.start]], [merged.start]
@@ -292,13 +292,13 @@ class _Ranges:
         return at < len(self.lows) and self.lows[at] < end
 
 
-def choose(
+def choose_regions(
     storages: Storages,
     window_bytes: int,
     exclude: Sequence[str] = (),
     *,
     where: str = "the device",
-) -> Choice:
+) -> RegionChoice:
     """The storages whose tail the eviction reads, largest first, until the window is covered.
 
     Skipped storages (``storages.skips``), empty ones, storages that start off
@@ -309,51 +309,86 @@ def choose(
     """
     if window_bytes <= 0:
         raise ValueError("window_bytes must be positive")
-    names, sizes, starts, skips = storages.names, storages.sizes, storages.starts, storages.skips
+    sizes = storages.sizes
     excluded = _Ranges(_excluded_ranges(storages, exclude_pattern(exclude)))
     window_words = window_bytes // WORD * WORD
     total = sum(sizes) if min(sizes, default=0) >= 0 else sum(s for s in sizes if s > 0)
-    if total < window_words:  # every byte together is too few: no need to try each
-        return Choice(window_bytes, (), 0, _shortfall(storages, window_bytes, excluded, where))
-    union = _Union()
-    by_size = _SameSize(sizes)
-    counted: list[Counter[str]] = []
+    # Every byte together too few: no need to try each.
+    union = _Gather(storages, excluded, window_bytes).union() if total >= window_words else None
+    if union is None or union.readable < window_words:
+        return RegionChoice(
+            window_bytes, (), 0, _shortfall(storages, window_bytes, excluded, where)
+        )
+    chosen, pieces = _tails(union.regions(), storages.starts, window_words)
+    if pieces > MAX_PIECES:
+        return RegionChoice(
+            window_bytes,
+            (),
+            0,
+            f"the {window_bytes:,}-byte eviction window on {where} would be read in more than "
+            f"{MAX_PIECES} separate pieces (the largest eligible storages are small), one "
+            "launch each before every race sample: slower than stock's single read; stock "
+            "b12x keeps its own buffer",
+        )
+    read = sum(region.read_bytes for region in chosen)
+    return RegionChoice(window_bytes, tuple(chosen), read, None)
 
-    def unique_name(j: int) -> bool:
-        # One C-level count the first time (the usual single fast path); a hostile
-        # host whose every large storage is skipped gets one Counter, not a count each.
-        if not counted:
-            counted.append(Counter())
-            return names.count(names[j]) == 1
-        if not counted[0]:
-            counted[0] = Counter(names)
-        return counted[0][names[j]] == 1
 
-    def take(j: int, start: int, size: int) -> None:
-        # A float32 read of a storage that starts off a word boundary faults on a GPU.
-        if start % WORD == 0 and not excluded.touch(start, start + size):
-            union.add(j, names[j], start, size)
+class _Gather:
+    """Eligible storages merged into regions, largest size first, until they cover the window.
 
-    for size in sorted(set(sizes), reverse=True):
-        if size <= 0 or union.readable >= window_words:
-            break
-        views = by_size(size)
+    Invariant a caller relies on: :meth:`union` holds only storages that are not
+    skipped, start on a float32 boundary and touch no excluded range; within
+    one size they are taken by name, then address, so the same tensors in any
+    order give the same union.
+    """
+
+    def __init__(self, storages: Storages, excluded: _Ranges, window_bytes: int) -> None:
+        self._storages = storages
+        self._excluded = excluded
+        self._window_bytes = window_bytes
+        self._window_words = window_bytes // WORD * WORD
+        self._union = _Union()
+        self._counted: list[Counter[str]] = []
+
+    def union(self) -> _Union:
+        sizes = self._storages.sizes
+        by_size = _SameSize(sizes)
+        for size in sorted(set(sizes), reverse=True):
+            if size <= 0 or self._covered:
+                break
+            views = by_size(size)
+            if not self._alone_covers(views, size):
+                self._by_address(views, size)
+        return self._union
+
+    @property
+    def _covered(self) -> bool:
+        return self._union.readable >= self._window_words
+
+    def _alone_covers(self, views: list[int], size: int) -> bool:
         # Fast path: the view whose name sorts first names its storage, and that
         # storage comes first among this size's; when it alone finishes the
-        # window, the grouping below would take exactly it. A C-level min over
+        # window, the grouping would take exactly it. A C-level min over
         # 100,000 fused-block views beats asking each view for its address.
+        names, skips = self._storages.names, self._storages.skips
         j = min(views, key=names.__getitem__)
-        if (
-            union.empty
-            and size >= window_bytes
+        if not (
+            self._union.empty
+            and size >= self._window_bytes
             and (skips is None or skips[j] is None)
             # An equal name elsewhere (only a direct caller passes one) ties on the address.
-            and unique_name(j)
+            and self._unique_name(j)
         ):
-            take(j, starts[j], size)
-            if union.readable >= window_words:
-                break
-            union = _Union()
+            return False
+        self._take(j, self._storages.starts[j], size)
+        if self._covered:
+            return True
+        self._union = _Union()
+        return False
+
+    def _by_address(self, views: list[int], size: int) -> None:
+        names, starts, skips = self._storages.names, self._storages.starts, self._storages.skips
         first: dict[int, int] = {}  # storage start -> index of its first name
         for j in views:
             if skips is not None and skips[j] is not None:
@@ -363,20 +398,40 @@ def choose(
             if k is None or names[j] < names[k]:
                 first[start] = j
         for start, j in sorted(first.items(), key=lambda item: (names[item[1]], item[0])):
-            take(j, start, size)
-            if union.readable >= window_words:
-                break
-    if union.readable < window_words:
-        line = _shortfall(storages, window_bytes, excluded, where)
-        return Choice(window_bytes, (), 0, line)
-    regions = sorted(union.regions(), key=lambda r: (-r.readable, r.name, r.start))
-    sources: list[Source] = []
+            self._take(j, start, size)
+            if self._covered:
+                return
+
+    def _unique_name(self, j: int) -> bool:
+        # One C-level count the first time (the usual single fast path); a hostile
+        # host whose every large storage is skipped gets one Counter, not a count each.
+        names = self._storages.names
+        if not self._counted:
+            self._counted.append(Counter())
+            return names.count(names[j]) == 1
+        if not self._counted[0]:
+            self._counted[0] = Counter(names)
+        return self._counted[0][names[j]] == 1
+
+    def _take(self, j: int, start: int, size: int) -> None:
+        # A float32 read of a storage that starts off a word boundary faults on a GPU.
+        if start % WORD == 0 and not self._excluded.touch(start, start + size):
+            self._union.add(j, self._storages.names[j], start, size)
+
+
+def _tails(
+    regions: list[_OpenRegion], starts: Column[int], window_words: int
+) -> tuple[list[Region], int]:
+    """Each region's tail, largest region first, until ``window_words`` bytes; the piece count.
+
+    Stops one region past :data:`MAX_PIECES` pieces, so a caller sees the count
+    exceed it without the walk growing with the number of storages.
+    """
+    chosen: list[Region] = []
     remaining = window_words
     pieces = 0
-    for region in regions:
-        if remaining <= 0:
-            break
-        if pieces > MAX_PIECES:
+    for region in sorted(regions, key=lambda r: (-r.readable, r.name, r.start)):
+        if remaining <= 0 or pieces > MAX_PIECES:
             break
         taken: list[Piece] = []
         ordered = (
@@ -391,19 +446,8 @@ def choose(
             taken.append(Piece(piece.owner, piece.offset + piece.nbytes - count, count))
             remaining -= count
         pieces += len(taken)
-        sources.append(Source(region.name, region.end - region.start, tuple(reversed(taken))))
-    if pieces > MAX_PIECES:
-        return Choice(
-            window_bytes,
-            (),
-            0,
-            f"the {window_bytes:,}-byte eviction window on {where} would be read in more than "
-            f"{MAX_PIECES} separate pieces (the largest eligible storages are small), one "
-            "launch each before every race sample: slower than stock's single read; stock "
-            "b12x keeps its own buffer",
-        )
-    read = sum(source.read_bytes for source in sources)
-    return Choice(window_bytes, tuple(sources), read, None)
+        chosen.append(Region(region.name, region.end - region.start, tuple(reversed(taken))))
+    return chosen, pieces
 
 
 def _excluded_ranges(storages: Storages, pattern: re.Pattern[str] | None) -> list[tuple[int, int]]:
@@ -526,7 +570,7 @@ def decide(
     :func:`~flare_l2evict.credit` of the choice; its reason, when it is 0, is
     the first of: ``blocked``, the choice's shortfall, the credit's own.
     """
-    choice = choose(storages, window_bytes, exclude, where=where)
+    choice = choose_regions(storages, window_bytes, exclude, where=where)
     if blocked is not None:
         return Decision(choice, Credit(0, blocked))
     if choice.shortfall is not None:

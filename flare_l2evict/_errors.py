@@ -27,7 +27,7 @@ class InstallError(L2EvictError):
     """b12x is missing, or its race-eviction seam does not have the expected shape."""
 
 
-class SourceError(L2EvictError):
+class WeightsError(L2EvictError):
     """No resident storage on the device can serve as the eviction source."""
 
 

@@ -11,11 +11,11 @@ from typing import Any, Literal
 import torch
 
 from ._credit import OUTPUT_ROWS
-from ._errors import SourceError
+from ._errors import WeightsError
 from ._log import say
 from ._read_kernel import triton_reads
-from ._source import SourceChoice
 from ._text import shown
+from ._weights import WeightChoice, WeightPiece
 from ._window import WORD
 
 log = logging.getLogger("flare_l2evict.eviction")
@@ -84,7 +84,7 @@ class WeightEviction:
     * the reads are the choice's pieces: ``window_bytes`` (rounded down to
       whole float32 words) of distinct bytes, from the end of each region;
     * while installed it holds the storages it reads (each owns its memory:
-      :func:`~._source.storages_of` refuses borrowed ones), so they cannot be
+      :func:`~._weights.storages_of` refuses borrowed ones), so they cannot be
       freed underneath it; :meth:`release` drops them;
     * before every read it checks, in a few C calls per piece, that each
       storage still has the address and at least the bytes it had at the hook,
@@ -98,7 +98,7 @@ class WeightEviction:
 
     def __init__(
         self,
-        choice: SourceChoice,
+        choice: WeightChoice,
         *,
         fallback: Callable[[], Callable[[], None] | None] | None = None,
         kernel: Kernel = "auto",
@@ -119,37 +119,43 @@ class WeightEviction:
         with torch.inference_mode(False):
             self._partial = torch.zeros(OUTPUT_ROWS, dtype=torch.float32, device=self.device)
             self._out = torch.zeros((), dtype=torch.float32, device=self.device)
-            for source in choice.storages:
-                for piece in source.pieces:
-                    # set_ past a storage's end would grow it: reallocate the weights.
-                    if piece.offset + piece.nbytes > _nbytes(piece.storage):
-                        raise SourceError(
-                            f"storage of {shown(repr(source.name), 120)} holds "
-                            f"{_nbytes(piece.storage):,} bytes, fewer than the "
-                            f"{piece.offset + piece.nbytes:,} the choice reads; nothing installed"
-                        )
-                    count = piece.nbytes // WORD
-                    view = torch.empty(0, dtype=torch.float32, device=self.device)
-                    view.set_(piece.storage, piece.offset // WORD, (count,), (1,))
-                    self._views.append(view)
-                    main = count - count % OUTPUT_ROWS
-                    if main:
-                        self._reads.append((view[:main].view(OUTPUT_ROWS, -1), self._partial))
-                    if count - main:
-                        self._reads.append((view[main:], self._out))
-                    self._needed.append(
-                        (piece.storage, _address(piece.storage), piece.offset + piece.nbytes)
-                    )
-                    self._names.append(source.name)
-                    if piece.tensor is not None and _plain(piece.tensor):
-                        try:
-                            address = _tensor_address(piece.tensor)
-                            self._owners.append((piece.tensor, address, source.name))
-                        except Exception:  # a subclass of the host's that has no address
-                            pass
+            for region in choice.regions:
+                for piece in region.pieces:
+                    self._add(region.name, piece)
         self.read_bytes = sum(v.numel() for v in self._views) * WORD
         self._launches: list[Callable[[], None]] = []
         self.kernel: Literal["triton", "torch"] = "torch"
+        self.kernel_note = ""
+        self._choose_kernel(kernel)
+
+    def _add(self, name: str, piece: WeightPiece) -> None:
+        """One piece's view, its reads, and what :meth:`_intact` checks of it."""
+        # set_ past a storage's end would grow it: reallocate the weights.
+        if piece.offset + piece.nbytes > _nbytes(piece.storage):
+            raise WeightsError(
+                f"storage of {shown(repr(name), 120)} holds "
+                f"{_nbytes(piece.storage):,} bytes, fewer than the "
+                f"{piece.offset + piece.nbytes:,} the choice reads; nothing installed"
+            )
+        count = piece.nbytes // WORD
+        view = torch.empty(0, dtype=torch.float32, device=self.device)
+        view.set_(piece.storage, piece.offset // WORD, (count,), (1,))
+        self._views.append(view)
+        main = count - count % OUTPUT_ROWS
+        if main:
+            self._reads.append((view[:main].view(OUTPUT_ROWS, -1), self._partial))
+        if count - main:
+            self._reads.append((view[main:], self._out))
+        self._needed.append((piece.storage, _address(piece.storage), piece.offset + piece.nbytes))
+        self._names.append(name)
+        if piece.tensor is not None and _plain(piece.tensor):
+            try:
+                self._owners.append((piece.tensor, _tensor_address(piece.tensor), name))
+            except Exception:  # a subclass of the host's that has no address
+                pass
+
+    def _choose_kernel(self, kernel: Kernel) -> None:
+        """Triton's read where asked (or ``auto`` and Triton already runs) and it loads."""
         self.kernel_note = {
             "torch": "asked for torch's reduction",
             "auto": "this process runs no Triton yet; torch's reduction spares the hook "

@@ -1,6 +1,6 @@
 """Install a :class:`WeightEviction` into b12x's start-up races, credit it, offer it, undo it.
 
-An :class:`Installation` is made with the device's :class:`~._sizes.Sizes`
+An :class:`Installation` is made with the device's :class:`~._basis.CreditBasis`
 and owns, from then on, everything about it: the credit (computed once, from
 what it really reads), the offer to the KV allocator and its hand-off with
 ``startup_complete``, the audit, and the restore. The process holds at most
@@ -15,15 +15,15 @@ from typing import Literal
 
 import torch
 
+from ._basis import CreditBasis
 from ._credit import Credit, credit
 from ._errors import InstallError
 from ._eviction import EvictionHandle, Kernel, WeightEviction
 from ._lifecycle import PROCESS
-from ._report import DeviceAudit, ReclaimReport, SourceRead, StartupAudit
+from ._report import DeviceAudit, ReclaimReport, RegionRead, StartupAudit
 from ._seam import MARK, Flush, SeamFunction, SeamProof, StockBuffer, fork_function, held_bytes
-from ._sizes import Sizes
-from ._source import SourceChoice, same_device
 from ._text import described, shown
+from ._weights import WeightChoice, same_device
 from ._window import WORD
 
 Mechanism = Literal["fork", "stock-seam"]
@@ -69,7 +69,7 @@ class Installation:
     Invariants the KV allocator relies on:
 
     * :attr:`credit` is computed once, when it is made, from the bytes its
-      eviction really reads and the device's sizes; it is 0 unless the
+      eviction really reads and the device's basis; it is 0 unless the
       eviction reads the whole window;
     * from the moment :meth:`offer` records the credit, the installation stays
       until :meth:`end` (``startup_complete``), whatever the allocator does or
@@ -86,8 +86,8 @@ class Installation:
         undo: list[Callable[[], None]],
         counts: dict[str, _Counts],
         alive: _Alive,
-        sizes: Sizes,
-        sources: tuple[SourceRead, ...],
+        basis: CreditBasis,
+        sources: tuple[RegionRead, ...],
     ) -> None:
         self.mechanism: Mechanism = mechanism
         self.device = eviction.device
@@ -95,7 +95,7 @@ class Installation:
         self.read_bytes = eviction.read_bytes
         self.window_bytes = eviction.window_bytes
         self.read_kernel = eviction.kernel
-        self.sizes = sizes
+        self.basis = basis
         self.sources = sources
         """What the eviction reads, per region, for the report."""
         self._eviction = eviction
@@ -108,9 +108,9 @@ class Installation:
         self.restored = False
         self.credit: Credit = credit(
             installable=True,
-            race_jobs=sizes.race_jobs,
-            stock_buffer_bytes=sizes.stock.nbytes,
-            window_bytes=sizes.window_bytes // WORD * WORD,
+            race_jobs=basis.race_jobs,
+            stock_buffer_bytes=basis.stock.nbytes,
+            window_bytes=basis.window_bytes // WORD * WORD,
             read_bytes=self.read_bytes,
         )
 
@@ -148,7 +148,7 @@ class Installation:
                 if not current():
                     return False
                 self._offer = _Offer(
-                    report.reclaimed_bytes, self.sizes.race_jobs, self.sizes.stock.nbytes, None
+                    report.reclaimed_bytes, self.basis.race_jobs, self.basis.stock.nbytes, None
                 )
                 self._offering = True
             add(report)
@@ -293,13 +293,13 @@ def _counted_stock(
 
 
 def install(
-    choice: SourceChoice, sizes: Sizes | None = None, *, kernel: Kernel = "auto"
+    choice: WeightChoice, basis: CreditBasis | None = None, *, kernel: Kernel = "auto"
 ) -> Installation:
     """Make b12x's race jobs on ``choice.device`` read the chosen weights.
 
     Where the fork's API is present (:func:`~._seam.fork_function`) it is
     handed the storage (and ``None`` to undo); otherwise stock b12x's seam as
-    ``sizes.proof`` found it: every seam module's function and every other
+    ``basis.proof`` found it: every seam module's function and every other
     binding of it is replaced by one function that hands each enabled call on
     ``choice.device`` an :class:`~flare_l2evict._eviction.EvictionHandle` of
     the one eviction, and defers to the original elsewhere. Every enabled
@@ -308,29 +308,29 @@ def install(
     weights went away) with the bytes it allocated. While an installation is
     active, installing again raises :class:`~flare_l2evict.InstallError`.
 
-    ``sizes`` ``None`` (benches and tests outside a start-up) measures them
+    ``basis`` ``None`` (benches and tests outside a start-up) measures them
     here for 0 race jobs, so such an installation credits nothing.
     """
-    found = sizes if sizes is not None else _sizes_outside_startup(choice)
+    found = basis if basis is not None else _basis_outside_startup(choice)
     return PROCESS.hold(lambda: _make(choice, found, kernel))
 
 
-def _sizes_outside_startup(choice: SourceChoice) -> Sizes:
+def _basis_outside_startup(choice: WeightChoice) -> CreditBasis:
+    from ._basis import measure_basis
     from ._settings import L2EvictSettings
-    from ._sizes import measure_sizes
 
     l2 = None if choice.device.type == "cuda" else max(1, choice.window_bytes // 2)
     settings = L2EvictSettings.model_construct(window=choice.window_bytes)  # as chosen, unchecked
-    return measure_sizes(choice.device, l2, settings, 0)
+    return measure_basis(choice.device, l2, settings, 0)
 
 
-def _make(choice: SourceChoice, sizes: Sizes, kernel: Kernel) -> Installation:
+def _make(choice: WeightChoice, basis: CreditBasis, kernel: Kernel) -> Installation:
     counts: dict[str, _Counts] = {}
     alive = _Alive()
-    fork = fork_function() if sizes.proof is None else None
+    fork = fork_function() if basis.proof is None else None
     make_stock = None
-    if sizes.proof is not None:
-        make_stock = _counted_stock(sizes.proof.original, counts, sizes.stock)
+    if basis.proof is not None:
+        make_stock = _counted_stock(basis.proof.original, counts, basis.stock)
     device = choice.device  # the fallback must not hold the choice: it holds the weights
     eviction = WeightEviction(
         choice,
@@ -338,20 +338,20 @@ def _make(choice: SourceChoice, sizes: Sizes, kernel: Kernel) -> Installation:
         kernel=kernel,
     )
     sources = tuple(
-        SourceRead(
+        RegionRead(
             tensor=s.name, storage_bytes=s.nbytes, read_bytes=sum(p.nbytes for p in s.pieces)
         )
-        for s in choice.storages
+        for s in choice.regions
     )
     if fork is not None:
         views = eviction.views()
         fork(views[0] if len(views) == 1 else views)
-        return Installation("fork", eviction, [lambda: fork(None)], counts, alive, sizes, sources)
-    if sizes.proof is None or make_stock is None:
+        return Installation("fork", eviction, [lambda: fork(None)], counts, alive, basis, sources)
+    if basis.proof is None or make_stock is None:
         eviction.release()
         raise InstallError("the fork's API went away after it was found; stock b12x kept")
-    undo = _redirect(sizes.proof, eviction, counts, alive, make_stock)
-    return Installation("stock-seam", eviction, undo, counts, alive, sizes, sources)
+    undo = _redirect(basis.proof, eviction, counts, alive, make_stock)
+    return Installation("stock-seam", eviction, undo, counts, alive, basis, sources)
 
 
 def _redirect(

@@ -25,8 +25,8 @@ from ._text import described, shown
 
 if TYPE_CHECKING:
     from ._agree import Agreement
+    from ._basis import CreditBasis
     from ._install import Installation
-    from ._sizes import Sizes
 
 log = logging.getLogger("flare_l2evict")
 
@@ -55,7 +55,7 @@ class Clock:
 
 @dataclass
 class Local:
-    """What this rank brings to the agreement: its settings, sizes and credit.
+    """What this rank brings to the agreement: its settings, basis and credit.
 
     ``settings`` is ``None`` when they could not be read; ``raising`` is
     whether the deployment asked for ``on_error = "raise"`` (read even from a
@@ -65,7 +65,7 @@ class Local:
 
     settings: L2EvictSettings | None = None
     raising: bool = False
-    sizes: Sizes | None = None
+    basis: CreditBasis | None = None
     add: Callable[[ReclaimReport], object] | None = None
     credit: Credit = field(default_factory=lambda: Credit(0, "not started"))
     error: Exception | None = None
@@ -98,11 +98,11 @@ def report_of(
     installation: Installation | None,
     seconds: dict[str, float],
 ) -> ReclaimReport:
-    sizes = local.sizes
-    figures: dict[str, Any] = {} if sizes is None else {
-        "window_bytes": sizes.window_bytes,
-        "stock_buffer_bytes": sizes.stock.nbytes,
-        "race_jobs": sizes.race_jobs,
+    basis = local.basis
+    figures: dict[str, Any] = {} if basis is None else {
+        "window_bytes": basis.window_bytes,
+        "stock_buffer_bytes": basis.stock.nbytes,
+        "race_jobs": basis.race_jobs,
     }  # fmt: skip
     source: dict[str, Any] = {}
     if installation is not None:

@@ -21,6 +21,7 @@ from ._errors import L2EvictError
 from ._lifecycle import PROCESS
 from ._log import say
 from ._report import ReclaimReport
+from ._runtime import MAX_L2_BYTES, MAX_RACE_JOBS, _whole
 from ._text import described_value
 
 if TYPE_CHECKING:
@@ -66,13 +67,33 @@ def _device_of(tensors: object) -> object:
         return None
 
 
-def _no_device(tensors: object, on_error: str) -> ReclaimReport:
-    """0 bytes, one line: ``tensors`` gave no device and none was passed."""
-    reason = (
-        f"evicting_from: tensors is {described_value(tensors)}, not a non-empty mapping of names "
-        "to tensors, and no device was given; nothing changed; fix: pass {name: tensor} for "
-        "the tensors that stay resident, or device="
-    )
+def _argument_problem(tensors: object, device: object, race_jobs: object, l2: object) -> str | None:
+    """What is wrong with the program's arguments, in the program's words (``None``: nothing)."""
+    if device is None:
+        return (
+            f"tensors is {described_value(tensors)}, not a non-empty mapping of names to "
+            "tensors, and no device was given; nothing changed; fix: pass {name: tensor} for "
+            "the tensors that stay resident, or device="
+        )
+    jobs = _whole(race_jobs)
+    if jobs is None or not 0 <= jobs <= MAX_RACE_JOBS:
+        return (
+            f"race_jobs = {described_value(race_jobs, 80)}; nothing changed; fix: pass "
+            "race_jobs=, how many b12x race jobs the program holds at once (a whole number "
+            f"in 0..{MAX_RACE_JOBS})"
+        )
+    size = None if l2 is None else _whole(l2)
+    if l2 is not None and (size is None or not 0 < size <= MAX_L2_BYTES):
+        return (
+            f"l2_cache_bytes = {described_value(l2, 80)}; nothing changed; fix: pass None "
+            f"(read from the CUDA device) or the L2 size in bytes (1..{MAX_L2_BYTES:,})"
+        )
+    return None
+
+
+def _refused(problem: str, on_error: str) -> ReclaimReport:
+    """0 bytes and one line for arguments :func:`_argument_problem` refused."""
+    reason = f"evicting_from: {problem}"
     if on_error == "raise":
         raise L2EvictError(f"l2evict failed and on_error = 'raise': {reason}")
     report = ReclaimReport(device="unknown", reclaimed_bytes=0, mechanism="none", reason=reason)
@@ -115,8 +136,9 @@ def evicting_from(
         config={"plugins": {"l2evict": section}},
         tensors=tensors,
     )
-    if runtime.device is None:  # nothing to read a device from: say so in the program's words
-        yield _no_device(tensors, on_error)
+    problem = _argument_problem(tensors, runtime.device, race_jobs, l2_cache_bytes)
+    if problem is not None:  # said in the program's words, not the host contract's
+        yield _refused(problem, on_error)
         return
     try:
         report = _startup.run(runtime)

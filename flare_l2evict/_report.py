@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
 
 
-class SourceRead(BaseModel):
+class RegionRead(BaseModel):
     """One storage the eviction reads."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -42,7 +42,7 @@ class ReclaimReport(BaseModel):
     mechanism: Literal["fork", "stock-seam", "none"]
     source_tensor: str | None = None
     source_storage_bytes: NonNegativeInt = 0
-    sources: tuple[SourceRead, ...] = ()
+    sources: tuple[RegionRead, ...] = ()
     window_bytes: NonNegativeInt = 0
     read_kernel: Literal["triton", "torch"] | None = Field(
         default=None, description="What reads the window: the Triton kernel, or torch's reduction."

@@ -184,12 +184,40 @@ def read_runtime(runtime: object | Snapshot) -> RuntimeFacts:
     raised), and what it accepts. ``runtime`` may be a :class:`Snapshot`
     already taken, so the host's object is read once per hook call.
     """
-    seen = runtime if isinstance(runtime, Snapshot) else snapshot(runtime)
+    seen = _Reading(runtime if isinstance(runtime, Snapshot) else snapshot(runtime))
+    for name in RUNTIME_ATTRIBUTES:
+        if name in seen.snapshot.errors and name != "kv_allocator":
+            raise seen.bad(name, "an attribute that can be read")
+    device = seen.device()
+    rank, world, group = seen.topology()
+    config = seen.value("config")
+    if config is None:
+        config = {}
+    if not isinstance(config, Mapping):
+        raise seen.bad("config", "the deployment config as a mapping")
+    jobs = _whole(seen.value("race_jobs"))
+    if jobs is None or not 0 <= jobs <= MAX_RACE_JOBS:
+        raise seen.bad("race_jobs", f"a whole number in 0..{MAX_RACE_JOBS}")
+    l2 = seen.l2_cache_bytes(device)
+    add = seen.snapshot.add_reclaimed
+    if "kv_allocator" in seen.snapshot.errors or add is None:
+        raise seen.bad("kv_allocator", "an object with add_reclaimed(report)")
+    tensors = seen.value("resident_tensors")
+    if not callable(tensors):
+        raise seen.bad("resident_tensors", "a method returning the resident tensors by name")
+    return RuntimeFacts(device, rank, world, group, config, jobs, l2, add, tensors)
 
-    def bad(name: str, accepts: str) -> RuntimeContractError:
-        value = seen.values[name]
-        if name in seen.errors:
-            got = f"raised {seen.errors[name]}"
+
+class _Reading:
+    """One snapshot's attributes checked one by one; :meth:`bad` words the first refusal."""
+
+    def __init__(self, seen: Snapshot) -> None:
+        self.snapshot = seen
+
+    def bad(self, name: str, accepts: str) -> RuntimeContractError:
+        value = self.snapshot.values[name]
+        if name in self.snapshot.errors:
+            got = f"raised {self.snapshot.errors[name]}"
         elif value is _MISSING:
             got = "missing"
         else:
@@ -198,54 +226,48 @@ def read_runtime(runtime: object | Snapshot) -> RuntimeFacts:
             f"runtime.{name} {got}: the host must pass {accepts} ({_CONTRACT})"
         )
 
-    def value(name: str) -> object:
-        found = seen.values[name]
+    def value(self, name: str) -> object:
+        found = self.snapshot.values[name]
         return None if found is _MISSING else found
 
-    for name in RUNTIME_ATTRIBUTES:
-        if name in seen.errors and name != "kv_allocator":
-            raise bad(name, "an attribute that can be read")
-    device = _device(value("device"))
-    if device is None:
-        raise bad("device", "a torch.device of type cuda (or cpu on the reference host)")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise bad("device", "a device this process can use (CUDA is not available here)")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise bad("device", f"a CUDA device in 0..{torch.cuda.device_count() - 1}")
-    world = _whole(value("world_size"))
-    if world is None or world < 1:
-        raise bad("world_size", "a whole number >= 1")
-    rank = _whole(value("rank"))
-    if rank is None or not 0 <= rank < world:
-        raise bad("rank", f"a whole number in 0..{world - 1} (below world_size {world})")
-    group = value("process_group")
-    if world > 1 and group is None:
-        raise bad("process_group", "the tensor-parallel process group when world_size > 1")
-    if group is not None:
-        _check_group(group, rank, world)
-    config = value("config")
-    if config is None:
-        config = {}
-    if not isinstance(config, Mapping):
-        raise bad("config", "the deployment config as a mapping")
-    jobs = _whole(value("race_jobs"))
-    if jobs is None or not 0 <= jobs <= MAX_RACE_JOBS:
-        raise bad("race_jobs", f"a whole number in 0..{MAX_RACE_JOBS}")
-    l2_value = value("l2_cache_bytes")
-    l2 = None if l2_value is None else _whole(l2_value)
-    if l2_value is not None and (l2 is None or not 0 < l2 <= MAX_L2_BYTES):
-        raise bad("l2_cache_bytes", f"None or a whole number of bytes in 1..{MAX_L2_BYTES:,}")
-    if l2 is None and device.type != "cuda":
-        raise bad("l2_cache_bytes", f"the L2 size in bytes on a {device.type} device")
-    if "kv_allocator" in seen.errors:
-        raise bad("kv_allocator", "an object with add_reclaimed(report)")
-    if seen.add_reclaimed is None:
-        raise bad("kv_allocator", "an object with add_reclaimed(report)")
-    tensors = value("resident_tensors")
-    if not callable(tensors):
-        raise bad("resident_tensors", "a method returning the resident tensors by name")
-    return RuntimeFacts(device, rank, world, group, config, jobs, l2, seen.add_reclaimed, tensors)
+    def device(self) -> torch.device:
+        device = _device(self.value("device"))
+        if device is None:
+            raise self.bad("device", "a torch.device of type cuda (or cpu on the reference host)")
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise self.bad(
+                    "device", "a device this process can use (CUDA is not available here)"
+                )
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise self.bad("device", f"a CUDA device in 0..{torch.cuda.device_count() - 1}")
+        return device
+
+    def topology(self) -> tuple[int, int, object]:
+        """``(rank, world_size, process_group)``, the group checked against both."""
+        world = _whole(self.value("world_size"))
+        if world is None or world < 1:
+            raise self.bad("world_size", "a whole number >= 1")
+        rank = _whole(self.value("rank"))
+        if rank is None or not 0 <= rank < world:
+            raise self.bad("rank", f"a whole number in 0..{world - 1} (below world_size {world})")
+        group = self.value("process_group")
+        if world > 1 and group is None:
+            raise self.bad("process_group", "the tensor-parallel process group when world_size > 1")
+        if group is not None:
+            _check_group(group, rank, world)
+        return rank, world, group
+
+    def l2_cache_bytes(self, device: torch.device) -> int | None:
+        l2_value = self.value("l2_cache_bytes")
+        l2 = None if l2_value is None else _whole(l2_value)
+        if l2_value is not None and (l2 is None or not 0 < l2 <= MAX_L2_BYTES):
+            raise self.bad(
+                "l2_cache_bytes", f"None or a whole number of bytes in 1..{MAX_L2_BYTES:,}"
+            )
+        if l2 is None and device.type != "cuda":
+            raise self.bad("l2_cache_bytes", f"the L2 size in bytes on a {device.type} device")
+        return l2
 
 
 def _check_group(group: object, rank: int, world: int) -> None:

@@ -29,7 +29,8 @@ _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 # Matched against a stripped value of at most _SIZE_CHARS characters, with fullmatch:
 # one run of blanks between digits and unit, so no two quantifiers compete for a
 # character (the old ``\s*...\s*$`` backtracked quadratically on "1" + spaces + "x").
-_SIZE = re.compile(r"(\d+)[ \t]*([kmg]i?b|b)?", re.IGNORECASE)
+# ASCII digits only: int() would read "２５６" too, but no operator means that.
+_SIZE = re.compile(r"([0-9]+)[ \t]*([kmg]i?b|b)?", re.IGNORECASE)
 _SIZE_CHARS = 32
 """Longer than any size a window takes ("68719476736 b" is 13); longer is not a size."""
 
@@ -52,7 +53,7 @@ ALLOWED: dict[str, str] = {
     "enabled": "true or false",
     "window": "'stock' (the default: max(2 x L2, 64 MiB), what stock b12x reads), "
     "or a whole number of bytes divisible by 4 between 1 MiB and 64 GiB, "
-    "such as '256MiB'",
+    "such as '256MiB' (KB, MB, GB are binary: KiB, MiB, GiB)",
     "exclude": "a list of tensor-name glob patterns, such as ['*.embed_tokens.*'] (at most "
     f"{MAX_EXCLUDE_PATTERNS}, each at most {MAX_PATTERN_CHARS:,} characters)",
     "on_error": "'fallback' (the default: keep stock b12x and reclaim 0) or 'raise'",
@@ -138,7 +139,8 @@ def _one_line(error: ValidationError, section: Mapping[str, Any]) -> str:
             problems.append(f"{name} = {literal(section.get(key))} is invalid: use {ALLOWED[key]}")
     unique = list(dict.fromkeys(problems))
     more = len(unique) - _PROBLEMS_SHOWN
-    return "; ".join(unique[:_PROBLEMS_SHOWN]) + (f"; and {more:,} more" if more > 0 else "")
+    listed = "; ".join(unique[:_PROBLEMS_SHOWN]) + (f"; and {more:,} more" if more > 0 else "")
+    return f"{listed}; fix: correct the deployment config's [{_SECTION_NAME}] at the key named"
 
 
 def read_section(config: object) -> dict[str, Any]:
@@ -215,7 +217,10 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
         raise
     except Exception as error:  # the parsers' own error types differ; all mean "bad file"
         detail = " ".join(str(error)[:4096].split())
-        raise ConfigError(f"{where}: cannot parse {suffix[1:]} ({shown(detail, 300)})") from None
+        raise ConfigError(
+            f"{where}: cannot parse {suffix[1:]} ({shown(detail, 300)}); "
+            "fix: correct the config file at the line named"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -232,28 +237,7 @@ def _read_config_text(path: Path, where: str) -> str:
     byte is read, on the open handle itself, opened without blocking: a FIFO
     or a device never blocks start-up, and a 3 GB file costs nothing.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except (FileNotFoundError, NotADirectoryError):
-        raise ConfigError(
-            f"{where}: no such config file; fix: pass an existing --config FILE"
-        ) from None
-    except IsADirectoryError:
-        raise ConfigError(
-            f"{where}: is a directory, not a config file; fix: pass --config FILE"
-        ) from None
-    except (OSError, ValueError) as error:  # ValueError: a NUL inside the path
-        reason = getattr(error, "strerror", None) or str(error)
-        raise ConfigError(f"{where}: cannot open the config file ({shown(reason, 200)})") from None
-    try:
-        info = os.fstat(fd)
-    except OSError:
-        os.close(fd)
-        raise
-    if stat.S_ISDIR(info.st_mode):
-        os.close(fd)
-        raise ConfigError(f"{where}: is a directory, not a config file; fix: pass --config FILE")
+    fd, info = _open_config(path, where)
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError(
@@ -287,6 +271,33 @@ def _read_config_text(path: Path, where: str) -> str:
         raise ConfigError(
             f"{where}: not UTF-8 text (byte {error.start:,}); fix: save the config as UTF-8"
         ) from None
+
+
+def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
+    """An open descriptor of ``path`` (not a directory) and its ``fstat``; never blocks."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(
+            f"{where}: no such config file; fix: pass an existing --config FILE"
+        ) from None
+    except IsADirectoryError:
+        raise ConfigError(
+            f"{where}: is a directory, not a config file; fix: pass --config FILE"
+        ) from None
+    except (OSError, ValueError) as error:  # ValueError: a NUL inside the path
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ConfigError(f"{where}: cannot open the config file ({shown(reason, 200)})") from None
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if stat.S_ISDIR(info.st_mode):
+        os.close(fd)
+        raise ConfigError(f"{where}: is a directory, not a config file; fix: pass --config FILE")
+    return fd, info
 
 
 def _no_alias_loader(yaml: Any, path: Path) -> type:

@@ -27,8 +27,9 @@ from collections.abc import Callable, Mapping
 
 from ._agree import Agreement, RankOutcome, agree, settings_digest
 from ._allocator import refuse_async
+from ._basis import CreditBasis, measure_basis
 from ._credit import Credit
-from ._decision import choose
+from ._decision import choose_regions
 from ._errors import L2EvictError, RuntimeContractError
 from ._install import Installation, install
 from ._lifecycle import PROCESS, Startup
@@ -45,9 +46,8 @@ from ._runtime import (
     snapshot as read_snapshot,
 )
 from ._settings import L2EvictSettings, read_section, settings_from_section, wants_raise
-from ._sizes import Sizes, measure_sizes
-from ._source import source_choice, storages_of
 from ._text import shown
+from ._weights import storages_of, weight_choice
 
 log = logging.getLogger("flare_l2evict")
 
@@ -90,7 +90,7 @@ def _run(runtime: object, startup: Startup) -> ReclaimReport:
 
 
 def _prepare(seen: Snapshot, startup: Startup, clock: Clock) -> Local:
-    """Settings, runtime, sizes, choice and installation: this rank's credit, or why it is 0."""
+    """Settings, runtime, basis, choice and installation: this rank's credit, or why it is 0."""
     local = Local()
     try:
         with clock.step("settings"):
@@ -105,9 +105,9 @@ def _prepare(seen: Snapshot, startup: Startup, clock: Clock) -> Local:
             local.credit = Credit(0, DISABLED)
             return local
         with clock.step("seam"):
-            sizes = measure_sizes(facts.device, facts.l2_cache_bytes, settings, facts.race_jobs)
-        local.sizes, local.add = sizes, facts.add_reclaimed
-        local.credit = _choose_and_install(facts, settings, sizes, startup, clock)
+            basis = measure_basis(facts.device, facts.l2_cache_bytes, settings, facts.race_jobs)
+        local.basis, local.add = basis, facts.add_reclaimed
+        local.credit = _choose_and_install(facts, settings, basis, startup, clock)
     except Exception as caught:
         if startup.installation is not None:
             startup.installation.restore()
@@ -135,7 +135,11 @@ def _read_settings(seen: Snapshot, local: Local) -> None:
 
 
 def _choose_and_install(
-    facts: RuntimeFacts, settings: L2EvictSettings, sizes: Sizes, startup: Startup, clock: Clock
+    facts: RuntimeFacts,
+    settings: L2EvictSettings,
+    basis: CreditBasis,
+    startup: Startup,
+    clock: Clock,
 ) -> Credit:
     """The choice on this rank's tensors, installed when it covers the window; its credit.
 
@@ -145,11 +149,13 @@ def _choose_and_install(
     """
     with clock.step("source"):
         found, held = storages_of(read_tensors(facts), facts.device)
-        choice = choose(found, sizes.window_bytes, settings.exclude, where=str(facts.device))
+        choice = choose_regions(
+            found, basis.window_bytes, settings.exclude, where=str(facts.device)
+        )
     if choice.shortfall is not None:
         return Credit(0, choice.shortfall)
     with clock.step("install"):
-        made = startup.installation = install(source_choice(choice, held, facts.device), sizes)
+        made = startup.installation = install(weight_choice(choice, held, facts.device), basis)
     if made.credit.nbytes == 0:
         made.restore()
     return made.credit

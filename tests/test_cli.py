@@ -294,9 +294,9 @@ _SHAPE = re.compile(r"^error: flare-l2evict (startup|plan|check|bench|example): 
         (["plan", "{tmp}/missing.safetensors"], "no such safetensors file", "check the path"),
         (["startup", "{tmp}/missing.safetensors"], "no such checkpoint", "pass a .safetensors"),
         (["check", "--config", "{tmp}/bad.toml"], "bad.toml: cannot parse toml (", "correct the "
-         "config file at the line or key named"),
+         "config file at the line named"),
         (["check", "--config", "{tmp}/window.toml"], "plugins.l2evict.window = -5 is invalid",
-         "correct the config file at the line or key named"),
+         "correct the deployment config's [plugins.l2evict] at the key named"),
         (["plan", "x", "--bogus"], "unrecognized arguments: --bogus",
          "see flare-l2evict plan --help"),
         (["startup", "{tmp}/index.json"], "a JSON file, not a safetensors file",

@@ -6,19 +6,19 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from flare_l2evict._decision import Choice, Storages, choose
+from flare_l2evict._decision import RegionChoice, Storages, choose_regions
 
 WORD = 4
 
 
 def test_equal_names_tie_break_on_the_address_in_any_order() -> None:
-    a = choose(Storages(["w", "w"], [64, 64], [0, 128]), 64)
-    b = choose(Storages(["w", "w"], [64, 64], [128, 0]), 64)
-    assert a.sources[0].pieces[0].owner == 0 and b.sources[0].pieces[0].owner == 1  # address 0
+    a = choose_regions(Storages(["w", "w"], [64, 64], [0, 128]), 64)
+    b = choose_regions(Storages(["w", "w"], [64, 64], [128, 0]), 64)
+    assert a.regions[0].pieces[0].owner == 0 and b.regions[0].pieces[0].owner == 1  # address 0
 
 
 def test_negative_sizes_do_not_hide_real_bytes() -> None:
-    got = choose(Storages(["a", "b"], [-100, 100], [0, 0]), 64)
+    got = choose_regions(Storages(["a", "b"], [-100, 100], [0, 0]), 64)
     assert got.shortfall is None and got.read_bytes == 64
 
 
@@ -38,9 +38,9 @@ def test_pieces_are_inside_their_storage_distinct_and_the_same_in_any_order(
     starts = [start for start, _ in ranges]
     sizes = [size for _, size in ranges]
     window = window_words * WORD
-    got = choose(Storages(names, sizes, starts), window)
+    got = choose_regions(Storages(names, sizes, starts), window)
     covered: set[int] = set()
-    for source in got.sources:
+    for source in got.regions:
         for piece in source.pieces:
             assert 0 <= piece.offset and piece.offset + piece.nbytes <= sizes[piece.owner]
             address = starts[piece.owner] + piece.offset
@@ -53,14 +53,14 @@ def test_pieces_are_inside_their_storage_distinct_and_the_same_in_any_order(
         assert got.read_bytes == len(covered) == window
     order = list(range(len(ranges)))
     random.Random(seed).shuffle(order)
-    again = choose(
+    again = choose_regions(
         Storages([names[i] for i in order], [sizes[i] for i in order], [starts[i] for i in order]),
         window,
     )
 
-    def read(choice: Choice, owners: list[int]) -> list[tuple[int, int]]:
+    def read(choice: RegionChoice, owners: list[int]) -> list[tuple[int, int]]:
         return sorted(
-            (starts[owners[p.owner]] + p.offset, p.nbytes) for s in choice.sources for p in s.pieces
+            (starts[owners[p.owner]] + p.offset, p.nbytes) for s in choice.regions for p in s.pieces
         )
 
     assert read(got, list(range(len(ranges)))) == read(again, order)

@@ -138,3 +138,32 @@ def test_no_tensors_to_read_is_one_line_in_the_programs_words(tensors: object) -
         flare_l2evict.evicting_from(tensors, race_jobs=2, on_error="raise"),  # type: ignore[arg-type]
     ):
         raise AssertionError("the block must not run")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "start"),
+    [
+        ({"race_jobs": -1}, "evicting_from: race_jobs = -1; nothing changed; fix: pass race_jobs="),
+        ({"race_jobs": "x"}, "evicting_from: race_jobs = 'x'"),
+        ({"race_jobs": True}, "evicting_from: race_jobs = True"),
+        ({"race_jobs": 10**9}, "evicting_from: race_jobs = 1000000000"),
+        ({"race_jobs": 2, "l2_cache_bytes": 0}, "evicting_from: l2_cache_bytes = 0"),
+        ({"race_jobs": 2, "l2_cache_bytes": "32MiB"}, "evicting_from: l2_cache_bytes = '32MiB'"),
+    ],
+    ids=["negative", "text", "bool", "huge", "zero-l2", "text-l2"],
+)
+def test_bad_arguments_are_named_in_the_programs_words(
+    arguments: dict[str, object], start: str
+) -> None:
+    # A program passes race_jobs=, not a host's runtime: the line names its argument.
+    called = {"l2_cache_bytes": L2, **arguments}
+    with flare_l2evict.evicting_from(weights(), **called) as report:  # type: ignore[arg-type]
+        assert report.reclaimed_bytes == 0 and seam() is STOCK_SEAM
+    assert report.reason is not None and report.reason.startswith(start)
+    assert "runtime." not in report.reason and "\n" not in report.reason
+    with (
+        pytest.raises(L2EvictError, match="on_error = 'raise': evicting_from: "),
+        flare_l2evict.evicting_from(weights(), on_error="raise", **called),  # type: ignore[arg-type]
+    ):
+        raise AssertionError("the block must not run")
+    assert seam() is STOCK_SEAM and active_installation() is None

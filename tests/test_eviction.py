@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flare_l2evict._eviction import WeightEviction
-from flare_l2evict._source import choose_source
+from flare_l2evict._weights import choose_weights
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -19,7 +19,7 @@ def digest(tensor: torch.Tensor) -> str:
 def test_reads_the_tail_of_the_storage_and_writes_nothing() -> None:
     weights = torch.arange(1000, dtype=torch.float32)
     before = digest(weights)
-    eviction = WeightEviction(choose_source({"w": weights}, "cpu", window_bytes=400))
+    eviction = WeightEviction(choose_weights({"w": weights}, "cpu", window_bytes=400))
     eviction()
     assert eviction.read_bytes == 400
     assert eviction.checksum() == sum(range(900, 1000))  # the last 100 floats
@@ -28,7 +28,7 @@ def test_reads_the_tail_of_the_storage_and_writes_nothing() -> None:
 
 def test_reads_several_storages_to_cover_the_window() -> None:
     tensors = {"big": torch.ones(100), "small": torch.full((60,), 2.0)}
-    eviction = WeightEviction(choose_source(tensors, "cpu", window_bytes=600))
+    eviction = WeightEviction(choose_weights(tensors, "cpu", window_bytes=600))
     assert eviction.read_bytes == 600
     assert len(eviction._views) == 2
     eviction()
@@ -38,7 +38,7 @@ def test_reads_several_storages_to_cover_the_window() -> None:
 
 def test_a_call_allocates_nothing_on_the_host_side() -> None:
     weights = torch.zeros(1 << 16)
-    eviction = WeightEviction(choose_source({"w": weights}, "cpu", window_bytes=1 << 16))
+    eviction = WeightEviction(choose_weights({"w": weights}, "cpu", window_bytes=1 << 16))
     out = eviction._out
     for _ in range(3):
         eviction()
@@ -54,7 +54,7 @@ def test_a_freed_storage_falls_back_with_one_warning(caplog: pytest.LogCaptureFi
         return lambda: calls.append("stock")
 
     eviction = WeightEviction(
-        choose_source({"w": weights}, "cpu", window_bytes=4096), fallback=stock_factory_stand_in
+        choose_weights({"w": weights}, "cpu", window_bytes=4096), fallback=stock_factory_stand_in
     )
     weights.untyped_storage().resize_(0)
     with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
@@ -70,7 +70,7 @@ def test_release_drops_the_weights() -> None:
 
     weights = torch.zeros(4096)
     ref = StorageWeakRef(weights.untyped_storage())  # type: ignore[no-untyped-call]
-    eviction = WeightEviction(choose_source({"w": weights}, "cpu", window_bytes=1024))
+    eviction = WeightEviction(choose_weights({"w": weights}, "cpu", window_bytes=1024))
     del weights
     assert not ref.expired()  # type: ignore[no-untyped-call]  # the eviction keeps it alive while installed
     eviction.release()

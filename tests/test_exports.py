@@ -24,13 +24,13 @@ PUBLIC = {
     "ReclaimReport",
     "StartupAudit",
     "DeviceAudit",
-    "SourceRead",
+    "RegionRead",
     # the errors
     "L2EvictError",
     "ConfigError",
     "CheckpointError",
     "InstallError",
-    "SourceError",
+    "WeightsError",
     "RuntimeContractError",
     "PluginNotFoundError",
     # the settings

@@ -28,7 +28,7 @@ import flare_l2evict
 from flare_l2evict._credit import READ_KERNEL_BYTES
 from flare_l2evict._eviction import Kernel, WeightEviction
 from flare_l2evict._install import install
-from flare_l2evict._source import choose_source
+from flare_l2evict._weights import choose_weights
 from flare_l2evict._window import stock_window_bytes
 from flare_l2evict.tools.bench import Probe, compare
 from flare_l2evict.tools.bench._probe import spacer
@@ -72,7 +72,7 @@ def cute_guard_stand_in() -> Iterator[bool]:
 
 
 def ours(weights: torch.Tensor, l2: int, kernel: Kernel = "triton") -> WeightEviction:
-    choice = choose_source({"w": weights}, weights.device, stock_window_bytes(l2))
+    choice = choose_weights({"w": weights}, weights.device, stock_window_bytes(l2))
     return WeightEviction(choice, kernel=kernel)
 
 
@@ -97,13 +97,13 @@ def test_read_kernel_is_triton_where_it_loads(
 _CODE_PROBE = """
 import json, torch
 from flare_l2evict._eviction import WeightEviction
-from flare_l2evict._source import choose_source
+from flare_l2evict._weights import choose_weights
 device = torch.device("cuda", 0)
 weights = torch.ones(64 << 18, device=device)
 small = torch.empty(8193, device=device)  # a small-pool segment exists, as in any server
 torch.cuda.synchronize(device)
 before = torch.cuda.mem_get_info(device)[0]
-eviction = WeightEviction(choose_source({"w": weights}, device, 32 << 20), kernel="triton")
+eviction = WeightEviction(choose_weights({"w": weights}, device, 32 << 20), kernel="triton")
 torch.cuda.synchronize(device)
 print(json.dumps({"kernel": eviction.kernel, "taken": before - torch.cuda.mem_get_info(device)[0]}))
 """
@@ -228,7 +228,7 @@ def test_prepare_race_steps_uses_the_installed_eviction(
 ) -> None:
     from flare_l2evict.tools.reference_host import gemm_candidates, run_race
 
-    install(choose_source({"w": weights}, weights.device, stock_window_bytes(l2)))
+    install(choose_weights({"w": weights}, weights.device, stock_window_bytes(l2)))
     calls = gemm_candidates(device)
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
@@ -253,7 +253,7 @@ def test_freed_storage_falls_back_to_stock_and_logs(
     weights: torch.Tensor,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    install(choose_source({"w": weights}, weights.device, stock_window_bytes(l2)))
+    install(choose_weights({"w": weights}, weights.device, stock_window_bytes(l2)))
     eviction = measurement._l2_flush_fn(device, enabled=True)
     weights.untyped_storage().resize_(0)
     torch.cuda.synchronize(device)

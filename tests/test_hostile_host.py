@@ -47,7 +47,7 @@ import flare_l2evict
 from flare_l2evict import L2EvictError, ReclaimReport, plugin
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._install import active_installation, install
-from flare_l2evict._source import choose_source
+from flare_l2evict._weights import choose_weights
 from flare_l2evict.hookspecs import RUNTIME_ATTRIBUTES
 from flare_l2evict.tools.reference_host import plugin_manager
 
@@ -255,11 +255,11 @@ def test_partly_overlapping_storages_are_read_once_each_byte() -> None:
         "a": torch.empty(0).set_(base[0 : 64 * MiB], 0, (16 * MiB,), (1,)),
         "b": torch.empty(0).set_(base[32 * MiB : 96 * MiB], 0, (16 * MiB,), (1,)),
     }
-    choice = choose_source(tensors, "cpu", 96 * MiB)
-    (region,) = choice.storages
+    choice = choose_weights(tensors, "cpu", 96 * MiB)
+    (region,) = choice.regions
     assert region.nbytes == 96 * MiB and choice.read_bytes == 96 * MiB
-    with pytest.raises(flare_l2evict.SourceError, match=r"96.*distinct bytes"):
-        choose_source(tensors, "cpu", 128 * MiB)  # 2 x 64 MiB, but 96 distinct
+    with pytest.raises(flare_l2evict.WeightsError, match=r"96.*distinct bytes"):
+        choose_weights(tensors, "cpu", 128 * MiB)  # 2 x 64 MiB, but 96 distinct
 
 
 # 5. Any attribute may be a property that raises.
@@ -515,7 +515,7 @@ def test_startup_complete_during_the_offer_waits_for_add_reclaimed_to_return() -
 
 
 def test_an_installation_made_before_the_hook_is_never_credited() -> None:
-    tiny = choose_source({"tiny": torch.zeros(MiB // 4)}, "cpu", MiB)
+    tiny = choose_weights({"tiny": torch.zeros(MiB // 4)}, "cpu", MiB)
     earlier = install(tiny)
     runtime = hostile()
     report = hook(runtime)

@@ -9,25 +9,25 @@ import pytest
 import torch
 from figures import MiB
 
+from flare_l2evict._basis import CreditBasis
 from flare_l2evict._errors import InstallError
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._install import active_installation, install
 from flare_l2evict._seam import SeamProof, StockBuffer, prove_seam
-from flare_l2evict._sizes import Sizes
-from flare_l2evict._source import SourceChoice, choose_source
+from flare_l2evict._weights import WeightChoice, choose_weights
 
 measurement = pytest.importorskip("b12x.preparation._measurement")
 STOCK = measurement._l2_flush_fn
 STOCK_BUFFER = StockBuffer(64 * MiB, measured=False)
 
 
-def sizes(proof: SeamProof | None) -> Sizes:
+def basis(proof: SeamProof | None) -> CreditBasis:
     """This device's figures for an installation made outside a start-up (no race jobs)."""
-    return Sizes(32 * MiB, 1024, STOCK_BUFFER, 0, proof)
+    return CreditBasis(32 * MiB, 1024, STOCK_BUFFER, 0, proof)
 
 
-def choice(device: str = "cpu") -> SourceChoice:
-    return choose_source({"w": torch.zeros(4096)}, device, window_bytes=1024)
+def choice(device: str = "cpu") -> WeightChoice:
+    return choose_weights({"w": torch.zeros(4096)}, device, window_bytes=1024)
 
 
 def test_the_installed_b12x_passes_the_proof() -> None:
@@ -38,7 +38,7 @@ def test_the_installed_b12x_passes_the_proof() -> None:
 
 
 def test_stock_seam_serves_this_device_and_defers_elsewhere() -> None:
-    installation = install(choice(), sizes(prove_seam()))
+    installation = install(choice(), basis(prove_seam()))
     assert installation.mechanism == "stock-seam"
     seam = measurement._l2_flush_fn
     assert seam is not STOCK
@@ -53,7 +53,7 @@ def test_stock_seam_serves_this_device_and_defers_elsewhere() -> None:
 
 
 def test_restore_puts_stock_back_and_releases() -> None:
-    installation = install(choice(), sizes(prove_seam()))
+    installation = install(choice(), basis(prove_seam()))
     installation.restore()
     assert measurement._l2_flush_fn is STOCK
     assert installation.views() == ()
@@ -63,16 +63,16 @@ def test_restore_puts_stock_back_and_releases() -> None:
 
 
 def test_installing_twice_is_refused_and_changes_nothing() -> None:
-    first = install(choice(), sizes(prove_seam()))
+    first = install(choice(), basis(prove_seam()))
     seam = measurement._l2_flush_fn
     with pytest.raises(InstallError, match=r"Installation\(stock-seam, 'w' on cpu.*already active"):
-        install(choice(), sizes(prove_seam()))
+        install(choice(), basis(prove_seam()))
     assert measurement._l2_flush_fn is seam
     assert active_installation() is first
 
 
 def test_the_proof_unwraps_an_installed_seam() -> None:
-    install(choice(), sizes(prove_seam()))
+    install(choice(), basis(prove_seam()))
     assert prove_seam().original is STOCK
 
 
@@ -105,7 +105,7 @@ def test_fork_api_is_preferred_when_present(monkeypatch: pytest.MonkeyPatch) -> 
     fork_stand_in = types.ModuleType("b12x.comm.pcie")
     fork_stand_in.use_startup_eviction = handed.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
-    installation = install(choice(), sizes(None))
+    installation = install(choice(), basis(None))
     assert installation.mechanism == "fork"
     assert isinstance(handed[0], torch.Tensor) and handed[0].nbytes == 1024
     assert measurement._l2_flush_fn is STOCK  # the stock seam is not touched

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from flare_l2evict import ReclaimReport, SourceRead
+from flare_l2evict import ReclaimReport, RegionRead
 
 
 def full() -> ReclaimReport:
@@ -17,7 +17,7 @@ def full() -> ReclaimReport:
         source_tensor="model.layers.3.mlp.experts.w13_weight",
         source_storage_bytes=300 << 20,
         sources=(
-            SourceRead(tensor="model.layers.3.mlp.experts.w13_weight", storage_bytes=300 << 20),
+            RegionRead(tensor="model.layers.3.mlp.experts.w13_weight", storage_bytes=300 << 20),
         ),
         window_bytes=256 << 20,
         stock_buffer_bytes=256 << 20,

@@ -32,6 +32,9 @@ def test_switch_off_without_uninstalling() -> None:
         ("1 GiB", 1 << 30),
         ("4194304", 4 << 20),
         ("stock", "stock"),
+        # Binary, as torch and nvidia-smi count (the README says so): 256MB is 256 MiB.
+        ("256MB", 256 << 20),
+        ("2gb", 2 << 30),
     ],
 )
 def test_window_forms(given: object, expected: object) -> None:
@@ -47,7 +50,25 @@ def test_unknown_key_names_the_key_and_the_allowed_ones() -> None:
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("bad", [-5, 0, 1, 4096, (1 << 20) + 2, "65GiB", 1.5, "lots", True, None])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        -5,
+        0,
+        1,
+        4096,
+        (1 << 20) + 2,
+        "65GiB",
+        1.5,
+        "lots",
+        True,
+        None,
+        "\uff12\uff15\uff16MiB",
+        "\u0662\u0665\u0666MiB",
+        "1e9",
+        "0x100",
+    ],
+)
 def test_bad_window_is_rejected_with_the_allowed_values(bad: object) -> None:
     with pytest.raises(ConfigError) as caught:
         settings(section(window=bad))

@@ -42,11 +42,11 @@ import torch.utils.dlpack
 from freed_memory import FREED, freed
 from hypothesis import given, settings, strategies as st
 
-from flare_l2evict._decision import Storages, _Union, choose
-from flare_l2evict._errors import CheckpointError, ConfigError, SourceError
+from flare_l2evict._decision import Storages, _Union, choose_regions
+from flare_l2evict._errors import CheckpointError, ConfigError, WeightsError
 from flare_l2evict._eviction import WeightEviction
 from flare_l2evict._settings import load_deployment_config, settings_from_config
-from flare_l2evict._source import choose_source, source_choice, storages_of
+from flare_l2evict._weights import choose_weights, storages_of, weight_choice
 from flare_l2evict.tools._headers import read_checkpoint
 from flare_l2evict.tools.reference_host import load_checkpoint
 
@@ -95,12 +95,12 @@ def test_borrowed_storages_are_never_read_and_one_line_names_them(
         assert not tensors[name].untyped_storage().resizable()
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
         found, held = storages_of(tensors, torch.device("cpu"))
-        choice = source_choice(choose(found, MiB), held, torch.device("cpu"))
-    assert [s.name for s in choice.storages] == ["owned"]
+        choice = weight_choice(choose_regions(found, MiB), held, torch.device("cpu"))
+    assert [s.name for s in choice.regions] == ["owned"]
     (line,) = [r.getMessage() for r in caplog.records if "borrows memory" in r.getMessage()]
     assert "3 resident tensors" in line and "'buffer', 'dlpack', 'slice'" in line
-    with pytest.raises(SourceError, match=r"3 borrowed.*'dlpack', 'buffer', 'slice'"):
-        choose_source(tensors, "cpu", 2 * MiB)
+    with pytest.raises(WeightsError, match=r"3 borrowed.*'dlpack', 'buffer', 'slice'"):
+        choose_weights(tensors, "cpu", 2 * MiB)
 
 
 def test_a_slice_is_covered_by_its_resident_owner() -> None:
@@ -109,8 +109,8 @@ def test_a_slice_is_covered_by_its_resident_owner() -> None:
         "layer": torch.empty(0).set_(base[0 : MiB // 2], 0, (MiB // 8,), (1,)),
         "owner": torch.empty(0).set_(base),
     }
-    choice = choose_source(tensors, "cpu", MiB // 2)
-    (region,) = choice.storages
+    choice = choose_weights(tensors, "cpu", MiB // 2)
+    (region,) = choice.regions
     assert region.name == "owner" and region.nbytes == MiB
     assert all(p.storage.resizable() for p in region.pieces)
 
@@ -119,8 +119,8 @@ def test_a_numpy_export_makes_a_cpu_storage_borrowed_as_torch_marks_it() -> None
     """torch marks a storage shared with numpy non-resizable; the choice reads it as borrowed."""
     weights = torch.ones(MiB // 4)
     weights.numpy()
-    with pytest.raises(SourceError, match="1 borrowed"):
-        choose_source({"w": weights}, "cpu", MiB // 2)
+    with pytest.raises(WeightsError, match="1 borrowed"):
+        choose_weights({"w": weights}, "cpu", MiB // 2)
 
 
 # 2. No hang from any input.
@@ -170,7 +170,7 @@ def test_exclude_is_bounded(exclude: list[str], problem: str) -> None:
 def test_200k_storages_in_any_order_or_overlap_are_chosen(order: str) -> None:
     """Was over 60 s at 1,000,000 and 200,000: a guard against a hang, not a speed test."""
     out = run_python(
-        "from flare_l2evict._decision import Storages, choose\n"
+        "from flare_l2evict._decision import Storages, choose_regions\n"
         "n = 200_000\n"
         f"if {order!r} == 'reversed':\n"
         "    names = [f't{n - i:08d}' for i in range(n)]\n"
@@ -180,7 +180,7 @@ def test_200k_storages_in_any_order_or_overlap_are_chosen(order: str) -> None:
         "    names = [f's{i:08d}' for i in range(n)]\n"
         "    sizes, starts = [1 << 20] * n, [i * 64 for i in range(n)]\n"
         "    window = n * 64\n"
-        "choice = choose(Storages(names, sizes, starts), window)\n"
+        "choice = choose_regions(Storages(names, sizes, starts), window)\n"
         "print(choice.shortfall)\n",
     )
     # Chosen in full, then refused: 100,000 (or 200,000) pieces are no eviction.
@@ -192,10 +192,12 @@ def test_a_window_of_many_small_storages_is_refused_past_64_pieces(
     pieces: int, credited: bool
 ) -> None:
     names = [f"w{i:03d}" for i in range(100)]
-    choice = choose(Storages(names, [MiB] * 100, [i * 2 * MiB for i in range(100)]), pieces * MiB)
+    choice = choose_regions(
+        Storages(names, [MiB] * 100, [i * 2 * MiB for i in range(100)]), pieces * MiB
+    )
     assert (choice.shortfall is None) is credited
     if credited:
-        assert sum(len(s.pieces) for s in choice.sources) == 64
+        assert sum(len(s.pieces) for s in choice.regions) == 64
 
 
 @settings(max_examples=60, deadline=None)
@@ -233,7 +235,7 @@ def test_the_bucketed_union_is_the_plain_union(ranges: list[tuple[int, int]]) ->
 def test_choose_reads_each_byte_once_over_overlapping_storages() -> None:
     names = [f"s{i}" for i in range(50)]
     starts = [i * 64 for i in range(50)]
-    choice = choose(Storages(names, [4096] * 50, starts), 49 * 64 + 4096)
+    choice = choose_regions(Storages(names, [4096] * 50, starts), 49 * 64 + 4096)
     assert choice.shortfall is None and choice.read_bytes == 49 * 64 + 4096
 
 
@@ -322,7 +324,7 @@ class CountingTensorStandIn(torch.Tensor):
 
 def test_the_per_read_check_runs_no_host_code_and_still_sees_a_freed_storage() -> None:
     weights = torch.ones(MiB // 4).as_subclass(CountingTensorStandIn)
-    eviction = WeightEviction(choose_source({"w": weights}, "cpu", MiB // 2))
+    eviction = WeightEviction(choose_weights({"w": weights}, "cpu", MiB // 2))
     before = CountingTensorStandIn.calls
     for _ in range(10):
         eviction()

@@ -1,7 +1,7 @@
 """``flare-l2evict check``: the preflight an operator runs before turning the plugin on.
 
 It runs start-up's own steps without installing anything: the settings, the
-sizes (:func:`flare_l2evict._sizes.measure_sizes`: the seam proof, stock's
+basis (:func:`flare_l2evict._basis.measure_basis`: the seam proof, stock's
 buffer measured on CUDA, the window), the decision on this rank's checkpoint
 headers (as ``plan`` makes it) and the credit. Around them it names what only
 an operator needs: the b12x provider and whether its release is judged, and
@@ -32,7 +32,7 @@ from ._releases import judged
 if TYPE_CHECKING:
     import torch
 
-    from .._sizes import Sizes
+    from .._basis import CreditBasis
     from ._headers import TensorHeader
     from ._profiles import DeviceProfile
 
@@ -75,10 +75,10 @@ def run_check(
     report.figures["flare_l2evict"] = own
     report.line(f"flare-l2evict {own} check on {device} ({device_reason})")
     _provider_lines(report)
-    sizes, blocked = _sizes(report, device, profile, settings)
+    basis, blocked = _basis(report, device, profile, settings)
     if not settings.enabled:
         blocked = DISABLED
-    granted = _storage_and_credit(report, headers, settings, sizes, blocked)
+    granted = _storage_and_credit(report, headers, settings, basis, blocked)
     if granted.nbytes == 0:
         reason = granted.reason or "nothing to credit"
         report.figures |= {"verdict": "falls back", "credit_bytes": 0, "reason": reason}
@@ -88,7 +88,7 @@ def run_check(
         report.figures |= {"verdict": "installs", "credit_bytes": granted.nbytes, "reason": None}
         report.line(
             f"verdict: installs; credit {granted.nbytes:,} bytes",
-            f"{sizes.race_jobs} race jobs x {sizes.stock.nbytes:,} bytes, "
+            f"{basis.race_jobs} race jobs x {basis.stock.nbytes:,} bytes, "
             "less the eviction's own outputs and kernel code",
         )
         code = 0
@@ -146,14 +146,14 @@ def _provider_lines(report: _Report) -> None:
     report.line(f"supported: {NEEDED} (or a fork with {FORK.function}); torch>={torch_floor}")
 
 
-def _sizes(
+def _basis(
     report: _Report,
     device: torch.device,
     profile: DeviceProfile,
     settings: L2EvictSettings,
-) -> tuple[Sizes, str | None]:
-    """Start-up's sizes on ``device``, and the seam's refusal (the formula buffer then)."""
-    from .._sizes import Sizes, measure_sizes
+) -> tuple[CreditBasis, str | None]:
+    """Start-up's basis on ``device``, and the seam's refusal (the formula buffer then)."""
+    from .._basis import CreditBasis, measure_basis
 
     l2_from_profile = device.type != "cuda"
     l2 = profile.l2_cache_bytes if l2_from_profile else device_l2_bytes(device)
@@ -163,45 +163,45 @@ def _sizes(
     _persisting_l2(report, device)
     blocked: str | None = None
     try:
-        sizes = measure_sizes(device, l2, settings, profile.race_jobs)
+        basis = measure_basis(device, l2, settings, profile.race_jobs)
     except InstallError as error:
         blocked = str(error)
         formula = StockBuffer(stock_buffer_bytes(l2), measured=False)
-        sizes = Sizes(l2, settings.window_bytes(l2), formula, profile.race_jobs, None)
+        basis = CreditBasis(l2, settings.window_bytes(l2), formula, profile.race_jobs, None)
         report.figures["seam"] = {"verdict": "falls back", "via": None, "reason": blocked}
         report.because("seam: falls back", shown(blocked, 600))
     else:
-        _seam_installs(report, sizes)
-    how = "measured" if sizes.stock.measured else "formula max(2 x L2, 64 MiB)"
-    report.figures["stock_buffer"] = {"bytes": sizes.stock.nbytes, "measured": sizes.stock.measured}
-    report.line(f"stock buffer per race job: {sizes.stock.nbytes:,} bytes ({how})")
-    report.figures["window"] = {"bytes": sizes.window_bytes, "setting": settings.window}
-    report.line(f"window: {sizes.window_bytes:,} bytes ({settings.window})")
-    return sizes, blocked
+        _seam_installs(report, basis)
+    how = "measured" if basis.stock.measured else "formula max(2 x L2, 64 MiB)"
+    report.figures["stock_buffer"] = {"bytes": basis.stock.nbytes, "measured": basis.stock.measured}
+    report.line(f"stock buffer per race job: {basis.stock.nbytes:,} bytes ({how})")
+    report.figures["window"] = {"bytes": basis.window_bytes, "setting": settings.window}
+    report.line(f"window: {basis.window_bytes:,} bytes ({settings.window})")
+    return basis, blocked
 
 
-def _seam_installs(report: _Report, sizes: Sizes) -> None:
-    if sizes.proof is None:
+def _seam_installs(report: _Report, basis: CreditBasis) -> None:
+    if basis.proof is None:
         fork = {"verdict": "installs", "via": f"fork {FORK.function}", "reason": None}
         report.figures["seam"] = fork
         report.line(f"seam: the fork's {FORK.dotted} (formula buffer)")
         return
-    bindings = len(sizes.proof.bindings)
+    bindings = len(basis.proof.bindings)
     report.figures["seam"] = {
         "verdict": "installs",
-        "via": f"stock {sizes.proof.row.function}",
+        "via": f"stock {basis.proof.row.function}",
         "extra_bindings": bindings,
         "reason": None,
     }
     extra = f"; {bindings} extra bindings redirected" if bindings else ""
-    report.line(f"seam: installs (stock b12x's {sizes.proof.row.function}{extra})")
+    report.line(f"seam: installs (stock b12x's {basis.proof.row.function}{extra})")
 
 
 def _storage_and_credit(
     report: _Report,
     headers: list[TensorHeader] | None,
     settings: L2EvictSettings,
-    sizes: Sizes,
+    basis: CreditBasis,
     blocked: str | None,
 ) -> Credit:
     """The decision on this rank's checkpoint, or, without one, the machine's credit."""
@@ -214,33 +214,33 @@ def _storage_and_credit(
         # No checkpoint: the verdict is about this machine, as if the window were covered.
         return credit(
             installable=True,
-            race_jobs=sizes.race_jobs,
-            stock_buffer_bytes=sizes.stock.nbytes,
-            window_bytes=sizes.window_bytes,
-            read_bytes=sizes.window_bytes,
+            race_jobs=basis.race_jobs,
+            stock_buffer_bytes=basis.stock.nbytes,
+            window_bytes=basis.window_bytes,
+            read_bytes=basis.window_bytes,
         )
     from ._plan import decide_shard, shard_of
 
     decision = decide_shard(
         shard_of(headers),
         settings,
-        l2_cache_bytes=sizes.l2_cache_bytes,
-        race_jobs=sizes.race_jobs,
-        stock_buffer_bytes=sizes.stock.nbytes,
+        l2_cache_bytes=basis.l2_cache_bytes,
+        race_jobs=basis.race_jobs,
+        stock_buffer_bytes=basis.stock.nbytes,
         blocked=blocked,
     )
     storage |= {
         "read_bytes": decision.read_bytes,
-        "tensors": [{"name": s.name, "bytes": s.storage_bytes} for s in decision.sources],
+        "tensors": [{"name": s.name, "bytes": s.storage_bytes} for s in decision.regions],
     }
-    if decision.sources:
-        count = len(decision.sources)
+    if decision.regions:
+        count = len(decision.regions)
         report.line(
             f"storage read: {count:,} {'storage' if count == 1 else 'storages'}",
-            *(f"{shown(s.name, 120)} ({s.storage_bytes:,} bytes)" for s in decision.sources),
+            *(f"{shown(s.name, 120)} ({s.storage_bytes:,} bytes)" for s in decision.regions),
         )
     else:
-        why = decision.choice.shortfall or decision.credit.reason or ""
+        why = decision.chosen.shortfall or decision.credit.reason or ""
         report.because("storage read: none", shown(why, 600))
     return decision.credit
 

@@ -162,7 +162,7 @@ def plan_rank(
         stock_buffer_bytes=stock_buffer_bytes(l2_cache_bytes),
     )
     reclaimed = decision.credit.nbytes
-    sources = decision.sources if reclaimed else ()
+    sources = decision.regions if reclaimed else ()
     return RankPlan(
         rank=rank,
         tensor=sources[0].name if sources else None,

@@ -179,10 +179,10 @@ def _stock_default(device: torch.device, window: int) -> Callable[[], None]:
 def plugin_at(weights: torch.Tensor, nbytes: int, kernel: str) -> Callable[[], None]:
     """The plugin's eviction over ``nbytes`` of ``weights`` with the named read kernel."""
     from ..._eviction import WeightEviction
-    from ..._source import choose_source
+    from ..._weights import choose_weights
 
     eviction = WeightEviction(
-        choose_source({"weights": weights}, weights.device, nbytes),
+        choose_weights({"weights": weights}, weights.device, nbytes),
         kernel=kernel,  # type: ignore[arg-type]
     )
     if eviction.kernel != kernel:

@@ -39,14 +39,14 @@ def _window(fused: bool) -> int:
 
 _FIRST_CALL = """
 import json, sys, time
-from flare_l2evict._source import choose_source
+from flare_l2evict._weights import choose_weights
 from flare_l2evict.tools.bench import synthetic_checkpoint
 count, fused, window = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
 tensors = synthetic_checkpoint(count, fused_largest=fused)
 times = []
 for _ in range(4):
     start = time.perf_counter()
-    choose_source(tensors, "cpu", window_bytes=window)
+    choose_weights(tensors, "cpu", window_bytes=window)
     times.append(time.perf_counter() - start)
 print(json.dumps({"tensors": len(tensors), "times": times}))
 """

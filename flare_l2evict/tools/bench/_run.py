@@ -24,7 +24,7 @@ import torch
 from ..._eviction import Kernel, WeightEviction
 from ..._install import install, restore
 from ..._seam_table import stock_row
-from ..._source import SourceChoice, choose_source
+from ..._weights import WeightChoice, choose_weights
 from ..._window import stock_window_bytes
 from . import _coldness
 from ._hook_cost import first_call_times, hook_lines, hook_times, triton_lines, triton_start_times
@@ -54,8 +54,8 @@ def _stock_method(nbytes: int, device: torch.device) -> Callable[[], None]:
     return flush
 
 
-def _choice_at(weights: torch.Tensor, nbytes: int) -> SourceChoice:
-    return choose_source({"weights": weights}, weights.device, nbytes)
+def _choice_at(weights: torch.Tensor, nbytes: int) -> WeightChoice:
+    return choose_weights({"weights": weights}, weights.device, nbytes)
 
 
 def _plugin_at(weights: torch.Tensor, nbytes: int, kernel: Kernel = "triton") -> WeightEviction:

@@ -11,7 +11,7 @@ for the checkpoint's shape. Prints figures; asserts nothing about time.
 storages in reverse order (torch-free, as ``plan`` passes them), and the
 eviction's per-read check that its pieces are still in place.
 
-    python benchmarks/choose_source.py [--hostile]
+    python benchmarks/choose_weights.py [--hostile]
 """
 
 from __future__ import annotations
@@ -41,18 +41,18 @@ def main() -> None:
 
 
 def hostile() -> None:
-    from flare_l2evict._decision import Storages, choose
-    from flare_l2evict._errors import SourceError
+    from flare_l2evict._decision import Storages, choose_regions
+    from flare_l2evict._errors import WeightsError
     from flare_l2evict._eviction import WeightEviction
-    from flare_l2evict._source import choose_source
+    from flare_l2evict._weights import choose_weights
 
     count = 1_000_000
     tensors = {f"t{count - i:08d}": torch.zeros(32) for i in range(count)}  # 128 B each
     started = time.perf_counter()
     try:  # a quarter of their bytes: 262,144 of them, so refused past 64 pieces
-        choose_source(tensors, "cpu", 32 << 20)
+        choose_weights(tensors, "cpu", 32 << 20)
         outcome = "chosen"
-    except SourceError:
+    except WeightsError:
         outcome = "refused"
     took = time.perf_counter() - started
     print(f"{count:>9,} tiny torch storages, names opposite to addresses: {took:.2f} s ({outcome})")
@@ -65,12 +65,12 @@ def hostile() -> None:
             names = [f"t{n - i:08d}" for i in range(n)]
             sizes, starts = [128] * n, [i * 128 for i in range(n)]
         started = time.perf_counter()
-        choice = choose(Storages(names, sizes, starts), n * 64)
+        choice = choose_regions(Storages(names, sizes, starts), n * 64)
         took = time.perf_counter() - started
         outcome = "chosen" if choice.shortfall is None else "refused"
         print(f"{n:>9,} {kind} storages (torch-free decision): {took:.2f} s ({outcome})")
     weights = {f"w{i}": torch.zeros(1 << 18) for i in range(3)}
-    eviction = WeightEviction(choose_source(weights, "cpu", 3 << 20))
+    eviction = WeightEviction(choose_weights(weights, "cpu", 3 << 20))
     calls = 200_000
     started = time.perf_counter()
     for _ in range(calls):

@@ -10,8 +10,8 @@ from typing import Any, overload
 
 import torch
 
-from ._decision import Choice, Storages, choose
-from ._errors import SourceError
+from ._decision import RegionChoice, Storages, choose_regions
+from ._errors import WeightsError
 from ._log import say
 from ._text import described_value, shown
 
@@ -35,7 +35,7 @@ MAX_TENSORS = 4_000_000
 
 
 @dataclass(frozen=True)
-class SourcePiece:
+class WeightPiece:
     """Bytes ``[offset, offset + nbytes)`` of ``storage`` that the eviction reads (whole words)."""
 
     storage: torch.UntypedStorage = field(repr=False)
@@ -46,7 +46,7 @@ class SourcePiece:
 
 
 @dataclass(frozen=True)
-class SourceStorage:
+class WeightRegion:
     """One region of device memory the eviction reads, named by its largest storage's tensor.
 
     ``nbytes`` counts the region's distinct bytes (storages that overlap in
@@ -55,11 +55,11 @@ class SourceStorage:
 
     name: str
     nbytes: int
-    pieces: tuple[SourcePiece, ...]
+    pieces: tuple[WeightPiece, ...]
 
 
 @dataclass(frozen=True)
-class SourceChoice:
+class WeightChoice:
     """The regions to read, largest first; together they cover ``window_bytes``.
 
     Invariant: every piece lies on ``device`` inside a non-empty storage viewed by
@@ -67,21 +67,21 @@ class SourceChoice:
     with any other piece.
     """
 
-    storages: tuple[SourceStorage, ...]
+    regions: tuple[WeightRegion, ...]
     window_bytes: int
     device: torch.device
 
     @property
     def name(self) -> str:
-        return self.storages[0].name
+        return self.regions[0].name
 
     @property
     def total_bytes(self) -> int:
-        return sum(source.nbytes for source in self.storages)
+        return sum(region.nbytes for region in self.regions)
 
     @property
     def read_bytes(self) -> int:
-        return sum(piece.nbytes for source in self.storages for piece in source.pieces)
+        return sum(piece.nbytes for region in self.regions for piece in region.pieces)
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -107,7 +107,7 @@ def _storages(
     found: list[torch.UntypedStorage | None] = []
     for name, value in zip(names, values, strict=True):
         if not isinstance(value, torch.Tensor):
-            raise SourceError(
+            raise WeightsError(
                 f"resident tensor {name!r:.200} is a {type(value).__name__}, not a torch.Tensor; "
                 "fix: the host's resident_tensors() must map names to tensors"
             )
@@ -138,7 +138,7 @@ class _PerStorage:
         return self._read(self._storages[index])
 
 
-class Held(Sequence["torch.UntypedStorage | None"]):
+class ResidentStorages(Sequence["torch.UntypedStorage | None"]):
     """Each resident tensor's storage (``None`` where unreadable), with the tensor itself.
 
     Indexes like the decision's :class:`~._decision.Storages`. ``borrowed`` lists
@@ -185,7 +185,9 @@ def borrowed_line(names: Sequence[str], count: int) -> str:
     )
 
 
-def storages_of(tensors: Mapping[str, torch.Tensor], device: torch.device) -> tuple[Storages, Held]:
+def storages_of(
+    tensors: Mapping[str, torch.Tensor], device: torch.device
+) -> tuple[Storages, ResidentStorages]:
     """The decision's view of ``tensors`` (sizes, address ranges, skips), and their storages.
 
     A storage that does not own its memory (``resizable() == False``: a slice
@@ -194,38 +196,14 @@ def storages_of(tensors: Mapping[str, torch.Tensor], device: torch.device) -> tu
     its owner could free or move the memory under the eviction. A tensor over
     the owning storage, when the host passes one, covers the same bytes.
     """
-    names = list(islice(tensors, MAX_TENSORS + 1))
-    if len(names) > MAX_TENSORS:
-        raise SourceError(
-            f"resident_tensors() holds more than {MAX_TENSORS:,} names; fix: the host must "
-            "return this rank's checkpoint tensors, by name"
-        )
-    if not names:
-        raise SourceError(
-            "no resident checkpoint tensors; fix: the host must call before_first_capture "
-            "after the checkpoint is loaded onto the device"
-        )
-    if set(map(type, names)) != {str}:
-        odd = next((n for n in names if not isinstance(n, str)), None)
-        if odd is not None:
-            raise SourceError(
-                f"resident tensor name {described_value(odd)} has type {type(odd).__name__}, "
-                "not str; fix: the host's resident_tensors() must map names (str) to tensors"
-            )
-        # str subclasses of the host's: plain copies, so ordering and echoes are str's own.
-        names = [str.__str__(name) for name in names]
-    values: list[object] = list(islice(tensors.values(), len(names)))
-    if len(values) != len(names):
-        raise SourceError(
-            "resident_tensors() gave fewer values than names; fix: return a plain mapping"
-        )
+    names, values = _names_and_values(tensors)
     storages, complete = _storages(names, values)
-    sizes = _sizes(storages) if complete else None
+    sizes = _storage_sizes(storages) if complete else None
     if sizes is None:
         storages = [s if _readable(s) else None for s in storages]
         sizes = [0 if s is None else _storage_nbytes(s) for s in storages]
     verdicts: dict[torch.device, str | None] = {}
-    held = Held(names, storages, values)
+    held = ResidentStorages(names, storages, values)
 
     def skip(index: int) -> str | None:
         storage = storages[index]
@@ -250,6 +228,36 @@ def storages_of(tensors: Mapping[str, torch.Tensor], device: torch.device) -> tu
     return Storages(names, sizes, starts, _PerIndex(len(storages), skip)), held
 
 
+def _names_and_values(tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], list[object]]:
+    """The mapping's names (plain ``str``) and values, bounded by :data:`MAX_TENSORS`."""
+    names = list(islice(tensors, MAX_TENSORS + 1))
+    if len(names) > MAX_TENSORS:
+        raise WeightsError(
+            f"resident_tensors() holds more than {MAX_TENSORS:,} names; fix: the host must "
+            "return this rank's checkpoint tensors, by name"
+        )
+    if not names:
+        raise WeightsError(
+            "no resident checkpoint tensors; fix: the host must call before_first_capture "
+            "after the checkpoint is loaded onto the device"
+        )
+    if set(map(type, names)) != {str}:
+        odd = next((n for n in names if not isinstance(n, str)), None)
+        if odd is not None:
+            raise WeightsError(
+                f"resident tensor name {described_value(odd)} has type {type(odd).__name__}, "
+                "not str; fix: the host's resident_tensors() must map names (str) to tensors"
+            )
+        # str subclasses of the host's: plain copies, so ordering and echoes are str's own.
+        names = [str.__str__(name) for name in names]
+    values: list[object] = list(islice(tensors.values(), len(names)))
+    if len(values) != len(names):
+        raise WeightsError(
+            "resident_tensors() gave fewer values than names; fix: return a plain mapping"
+        )
+    return names, values
+
+
 class _PerIndex:
     """A column computed on demand from the index alone."""
 
@@ -264,7 +272,7 @@ class _PerIndex:
         return self._read(index)
 
 
-def _sizes(storages: list[torch.UntypedStorage | None]) -> list[int] | None:
+def _storage_sizes(storages: list[torch.UntypedStorage | None]) -> list[int] | None:
     try:
         return list(map(_storage_nbytes, storages))
     except Exception:  # a wrapper subclass's storage: sized one by one below
@@ -287,37 +295,37 @@ def _start(storage: torch.UntypedStorage | None) -> int:
     return 0 if storage is None else _storage_pointer(storage)
 
 
-def source_choice(
-    choice: Choice, storages: Sequence[torch.UntypedStorage | None], device: torch.device
-) -> SourceChoice:
+def weight_choice(
+    choice: RegionChoice, storages: Sequence[torch.UntypedStorage | None], device: torch.device
+) -> WeightChoice:
     """The decision's regions as torch storages to read.
 
-    With :class:`Held` storages (from :func:`storages_of`), each piece keeps the
+    With :class:`ResidentStorages` storages (from :func:`storages_of`), each piece keeps the
     tensor it was chosen through, and the tensors skipped as borrowed are
     named in one INFO line.
     """
-    held = storages if isinstance(storages, Held) else None
+    held = storages if isinstance(storages, ResidentStorages) else None
     regions = []
-    for source in choice.sources:
+    for source in choice.regions:
         pieces = []
         for piece in source.pieces:
             storage = storages[piece.owner]
             assert storage is not None  # the decision reads only storages that exist
             tensor = None if held is None else held.tensor(piece.owner)
-            pieces.append(SourcePiece(storage, piece.offset, piece.nbytes, tensor))
-        regions.append(SourceStorage(source.name, source.storage_bytes, tuple(pieces)))
+            pieces.append(WeightPiece(storage, piece.offset, piece.nbytes, tensor))
+        regions.append(WeightRegion(source.name, source.storage_bytes, tuple(pieces)))
     if held is not None and held.borrowed:
         names = [held.names[i] for i in islice(held.borrowed, _NAMED)]
         say(log, logging.INFO, "flare_l2evict: %s", borrowed_line(names, len(held.borrowed)))
-    return SourceChoice(tuple(regions), choice.window_bytes, device)
+    return WeightChoice(tuple(regions), choice.window_bytes, device)
 
 
-def choose_source(
+def choose_weights(
     tensors: Mapping[str, torch.Tensor],
     device: torch.device | str,
     window_bytes: int,
     exclude: Sequence[str] = (),
-) -> SourceChoice:
+) -> WeightChoice:
     """The largest region of memory resident on ``device``; several, largest first, if one is short.
 
     Storages are counted by address range: tensors that view one allocation, and
@@ -325,12 +333,12 @@ def choose_source(
     (host RAM, pinned or not), meta tensors, empty or freed storages, and any
     region touched by a tensor whose name matches an ``exclude`` glob are skipped.
     The same tensors give the same choice: ties go to the name that sorts first.
-    Raises :class:`SourceError` with the reason when the eligible bytes together
+    Raises :class:`WeightsError` with the reason when the eligible bytes together
     are fewer than ``window_bytes``.
     """
     device = torch.device(device)
     found, storages = storages_of(tensors, device)
-    choice = choose(found, window_bytes, exclude, where=str(device))
+    choice = choose_regions(found, window_bytes, exclude, where=str(device))
     if choice.shortfall is not None:
-        raise SourceError(choice.shortfall)
-    return source_choice(choice, storages, device)
+        raise WeightsError(choice.shortfall)
+    return weight_choice(choice, storages, device)

@@ -1,6 +1,6 @@
 """The byte figures one device's credit rests on: L2, the window, stock's real per-job buffer.
 
-:func:`measure_sizes` takes plain arguments, so the runtime's start-up, the
+:func:`measure_basis` takes plain arguments, so the runtime's start-up, the
 ``check`` tool and :func:`~flare_l2evict.evicting_from` compose the same step.
 """
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Sizes:
+class CreditBasis:
     """The byte figures of this device that the credit rests on, and the seam they came from.
 
     ``stock`` is measured once, through the proven seam on CUDA, and used by
@@ -36,12 +36,12 @@ class Sizes:
     proof: SeamProof | None
 
 
-def measure_sizes(
+def measure_basis(
     device: torch.device,
     l2_cache_bytes: int | None,
     settings: L2EvictSettings,
     race_jobs: int,
-) -> Sizes:
+) -> CreditBasis:
     """L2, window and stock's real per-job buffer on ``device``.
 
     ``l2_cache_bytes`` ``None`` reads it from the CUDA device. On CUDA stock's
@@ -54,7 +54,7 @@ def measure_sizes(
     window = settings.window_bytes(l2)
     if fork_function() is not None:
         formula = fork_rows()[0].buffer_bytes(l2)
-        return Sizes(l2, window, StockBuffer(formula, False), race_jobs, None)
+        return CreditBasis(l2, window, StockBuffer(formula, False), race_jobs, None)
     proof = prove_seam()
     stock = measure_stock_buffer(proof.original, device, l2)
-    return Sizes(l2, window, stock, race_jobs, proof)
+    return CreditBasis(l2, window, stock, race_jobs, proof)

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flare_l2evict import SourceError
-from flare_l2evict._source import choose_source
+from flare_l2evict import WeightsError
+from flare_l2evict._weights import choose_weights
 
 
 def test_counts_storages_not_tensors() -> None:
@@ -15,10 +15,10 @@ def test_counts_storages_not_tensors() -> None:
         "fused.b": flat[40:],
         "single": torch.zeros(80),
     }
-    choice = choose_source(tensors, "cpu", window_bytes=100)
-    assert choice.storages[0].nbytes == 400
+    choice = choose_weights(tensors, "cpu", window_bytes=100)
+    assert choice.regions[0].nbytes == 400
     assert choice.name == "fused.a"
-    assert len(choice.storages) == 1
+    assert len(choice.regions) == 1
 
 
 def test_skips_meta_freed_and_other_devices() -> None:
@@ -30,13 +30,13 @@ def test_skips_meta_freed_and_other_devices() -> None:
         "empty": torch.empty(0),
         "resident": torch.zeros(64),
     }
-    assert choose_source(tensors, "cpu", window_bytes=128).name == "resident"
+    assert choose_weights(tensors, "cpu", window_bytes=128).name == "resident"
 
 
 def test_host_ram_tensors_do_not_count_for_a_gpu() -> None:
     tensors = {"embed": torch.zeros(1 << 20), "norm": torch.zeros(8)}
-    with pytest.raises(SourceError) as caught:
-        choose_source(tensors, torch.device("cuda", 0), window_bytes=1024)
+    with pytest.raises(WeightsError) as caught:
+        choose_weights(tensors, torch.device("cuda", 0), window_bytes=1024)
     message = str(caught.value)
     assert "no storage on cuda:0" in message
     assert "2 other device" in message
@@ -49,15 +49,15 @@ def test_exclusion_globs_remove_the_whole_storage() -> None:
         "model.layers.0.mlp.w": flat[10:],
         "model.layers.1.mlp.w": torch.zeros(500),
     }
-    choice = choose_source(tensors, "cpu", window_bytes=1000, exclude=["*.embed_tokens.*"])
+    choice = choose_weights(tensors, "cpu", window_bytes=1000, exclude=["*.embed_tokens.*"])
     assert choice.name == "model.layers.1.mlp.w"
     assert choice.total_bytes == 2000
 
 
 def test_same_checkpoint_same_choice_ties_go_to_the_first_name() -> None:
     names = [f"model.layers.{i}.w" for i in (3, 1, 2)]
-    first = choose_source({n: torch.zeros(256) for n in names}, "cpu", window_bytes=512)
-    second = choose_source({n: torch.zeros(256) for n in reversed(names)}, "cpu", 512)
+    first = choose_weights({n: torch.zeros(256) for n in names}, "cpu", window_bytes=512)
+    second = choose_weights({n: torch.zeros(256) for n in reversed(names)}, "cpu", 512)
     assert first.name == second.name == "model.layers.1.w"
 
 
@@ -68,22 +68,22 @@ def test_several_storages_largest_first_when_none_covers_the_window() -> None:
         "c": torch.zeros(200),
         "d": torch.zeros(1),
     }
-    choice = choose_source(tensors, "cpu", window_bytes=1800)
-    assert [s.name for s in choice.storages] == ["b", "c"]
+    choice = choose_weights(tensors, "cpu", window_bytes=1800)
+    assert [s.name for s in choice.regions] == ["b", "c"]
     assert choice.total_bytes == 2000
 
 
 def test_shortfall_is_reported_with_the_reason() -> None:
     tensors = {"a": torch.zeros(10), "m": torch.empty(5, device="meta")}
-    with pytest.raises(SourceError, match=r"1 eligible storages hold 40 distinct bytes.*1 meta"):
-        choose_source(tensors, "cpu", window_bytes=1 << 20)
+    with pytest.raises(WeightsError, match=r"1 eligible storages hold 40 distinct bytes.*1 meta"):
+        choose_weights(tensors, "cpu", window_bytes=1 << 20)
 
 
 def test_no_tensors_names_the_host_fix() -> None:
-    with pytest.raises(SourceError, match="no resident checkpoint tensors"):
-        choose_source({}, "cpu", window_bytes=64)
+    with pytest.raises(WeightsError, match="no resident checkpoint tensors"):
+        choose_weights({}, "cpu", window_bytes=64)
 
 
 def test_a_non_tensor_is_named() -> None:
-    with pytest.raises(SourceError, match="'scale' is a float"):
-        choose_source({"w": torch.zeros(8), "scale": 0.5}, "cpu", 16)  # type: ignore[dict-item]
+    with pytest.raises(WeightsError, match="'scale' is a float"):
+        choose_weights({"w": torch.zeros(8), "scale": 0.5}, "cpu", 16)  # type: ignore[dict-item]
