@@ -26,6 +26,8 @@ Kernel = Literal["auto", "triton", "torch"]
 _nbytes: Callable[[Any], int] = torch.UntypedStorage.nbytes
 _address: Callable[[Any], int] = torch.UntypedStorage.data_ptr
 _tensor_address: Callable[[Any], int] = torch.Tensor.data_ptr
+# How many holders a storage's memory has (tensors, storages), counted in C++.
+_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def triton_started() -> bool:
@@ -112,7 +114,9 @@ class WeightEviction:
         self._reads: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, its output)
         # (storage, its address, bytes needed), and (host tensor, its address) per piece.
         self._needed: list[tuple[torch.UntypedStorage, int, int]] = []
-        self._owners: list[tuple[torch.Tensor, int, str]] = []
+        # Weakly: holding the host's tensor would keep a copy it returned alive (see unheld).
+        self._owners: list[tuple[weakref.ref[torch.Tensor], int, str]] = []
+        self._first_count: dict[int, int] = {}  # id(storage) -> holders before this object's
         self._names: list[str] = []  # the region's name, per entry of _needed
         self.fell_back_reason: str | None = None
         """Why the reads stopped before :meth:`release` (``None``: they never did)."""
@@ -127,6 +131,7 @@ class WeightEviction:
         self.kernel: Literal["triton", "torch"] = "torch"
         self.kernel_note = ""
         self._choose_kernel(kernel)
+        self._ours = self._own_holds()
 
     def _add(self, name: str, piece: WeightPiece) -> None:
         """One piece's view, its reads, and what :meth:`_intact` checks of it."""
@@ -137,6 +142,8 @@ class WeightEviction:
                 f"{_nbytes(piece.storage):,} bytes, fewer than the "
                 f"{piece.offset + piece.nbytes:,} the choice reads; nothing installed"
             )
+        if _use_count is not None:
+            self._first_count.setdefault(id(piece.storage), _use_count(piece.storage._cdata))
         count = piece.nbytes // WORD
         view = torch.empty(0, dtype=torch.float32, device=self.device)
         view.set_(piece.storage, piece.offset // WORD, (count,), (1,))
@@ -150,8 +157,9 @@ class WeightEviction:
         self._names.append(name)
         if piece.tensor is not None and _plain(piece.tensor):
             try:
-                self._owners.append((piece.tensor, _tensor_address(piece.tensor), name))
-            except Exception:  # a subclass of the host's that has no address
+                held = weakref.ref(piece.tensor)
+                self._owners.append((held, _tensor_address(piece.tensor), name))
+            except Exception:  # a subclass of the host's that has no address, or no weakref
                 pass
 
     def _choose_kernel(self, kernel: Kernel) -> None:
@@ -186,12 +194,51 @@ class WeightEviction:
             for storage, address, needed in self._needed:
                 if _address(storage) != address or _nbytes(storage) < needed:
                     return False
-            for tensor, address, _ in self._owners:
-                if _tensor_address(tensor) != address:
+            for held, address, _ in self._owners:
+                tensor = held()
+                if tensor is not None and _tensor_address(tensor) != address:
                     return False
+            if _use_count is not None:
+                for storage, ours, _ in self._ours:
+                    if _use_count(storage._cdata) <= ours:
+                        return False
         except Exception:  # a host tensor whose address now raises: not the one chosen
             return False
         return bool(self._views)
+
+    def _own_holds(self) -> list[tuple[torch.UntypedStorage, int, str]]:
+        """Per storage read: the holders of its memory that are this object's own.
+
+        They are what this object added since its first piece of the storage
+        (views, reads, Triton's launches), plus the storage object it keeps.
+        """
+        if _use_count is None:
+            return []
+        seen: dict[int, tuple[torch.UntypedStorage, int, str]] = {}
+        for (storage, _, _), name in zip(self._needed, self._names, strict=True):
+            first = self._first_count.get(id(storage))
+            if first is not None and id(storage) not in seen:
+                seen[id(storage)] = (storage, _use_count(storage._cdata) - first + 1, name)
+        self._first_count = {}
+        return list(seen.values())
+
+    def unheld(self) -> str | None:
+        """Why a storage read is held by nothing but this object (``None``: every one is held).
+
+        Such memory is not the host's: ``resident_tensors()`` returned a copy, or
+        the host dropped those weights, and reading it would keep alive bytes
+        the host does not count. Call once the hook holds no host mapping.
+        """
+        if _use_count is None:
+            return None
+        for storage, ours, name in self._ours:
+            if _use_count(storage._cdata) <= ours:
+                return (
+                    f"nothing but the plugin holds the storage of {shown(repr(name), 120)} "
+                    f"({_nbytes(storage):,} bytes): resident_tensors() returned a copy, or the "
+                    "host dropped those weights"
+                )
+        return None
 
     def _why_not_intact(self) -> str:
         """What changed since the hook, in words (only called once, on the way to stock)."""
@@ -207,14 +254,20 @@ class WeightEviction:
                     "resize_, share_memory_)"
                 )
         name = self.source_name
-        for tensor, address, region in self._owners:
+        for held, address, region in self._owners:
+            tensor = held()
             try:
-                moved = _tensor_address(tensor) != address
+                moved = tensor is not None and _tensor_address(tensor) != address
             except Exception:
                 moved = True
             if moved:
-                name = region
-                break
+                return (
+                    f"a tensor of {shown(repr(region), 120)} no longer views the memory read "
+                    "(set_, param.data = ..., or offloaded) after the hook"
+                )
+        unheld = self.unheld()
+        if unheld is not None:
+            return f"{unheld} after the hook"
         return (
             f"a tensor of {shown(repr(name), 120)} no longer views the memory read "
             "(set_, param.data = ..., or offloaded) after the hook"
@@ -262,6 +315,7 @@ class WeightEviction:
         self._launches = []  # they hold views of the weights too
         self._needed = []
         self._owners = []
+        self._ours = []
 
     def __repr__(self) -> str:
         state = "released" if self.released else f"{self.read_bytes:,} bytes"

@@ -9,6 +9,7 @@ one (:data:`~._lifecycle.PROCESS`); :func:`active_installation` finds it.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -17,7 +18,7 @@ import torch
 
 from ._basis import CreditBasis
 from ._credit import Credit, credit
-from ._errors import InstallError
+from ._errors import InstallError, RuntimeContractError
 from ._eviction import EvictionHandle, Kernel, WeightEviction
 from ._lifecycle import PROCESS
 from ._report import DeviceAudit, ReclaimReport, RegionRead, StartupAudit
@@ -118,6 +119,10 @@ class Installation:
         """The 1-d float32 views the eviction reads (empty once restored)."""
         return self._eviction.views()
 
+    def unheld(self) -> str | None:
+        """Why a storage read is held by nothing but the eviction (``None``: the host holds all)."""
+        return self._eviction.unheld()
+
     @property
     def eviction(self) -> Callable[[], None]:
         """The callable the races run before each sample (for benches and tests)."""
@@ -151,7 +156,7 @@ class Installation:
                     report.reclaimed_bytes, self.basis.race_jobs, self.basis.stock.nbytes, None
                 )
                 self._offering = True
-            add(report)
+            _check_returned(add(report))
         except BaseException as raised:
             if self._offer is not None:
                 self._offer = replace(self._offer, allocator_error=_one_line(raised))
@@ -352,6 +357,23 @@ def _make(choice: WeightChoice, basis: CreditBasis, kernel: Kernel) -> Installat
         raise InstallError("the fork's API went away after it was found; stock b12x kept")
     undo = _redirect(basis.proof, eviction, counts, alive, make_stock)
     return Installation("stock-seam", eviction, undo, counts, alive, basis, sources)
+
+
+def _check_returned(returned: object) -> None:
+    """Raise if ``add_reclaimed`` returned an awaitable: its work has not run, may never run.
+
+    A coroutine is closed (it never ran, so nothing was applied); either way
+    the offer is recorded as raised, so the report and the audit say so.
+    """
+    if not inspect.isawaitable(returned):
+        return
+    if inspect.iscoroutine(returned):
+        returned.close()
+    raise RuntimeContractError(
+        f"kv_allocator.add_reclaimed returned {type(returned).__name__} (an awaitable): the "
+        "credit may not have been applied; fix: make add_reclaimed a plain function that grows "
+        "the KV budget before returning"
+    )
 
 
 def _redirect(

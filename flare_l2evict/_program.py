@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _startup
-from ._errors import L2EvictError
+from ._errors import ConfigError, L2EvictError
 from ._lifecycle import PROCESS
 from ._log import say
 from ._report import ReclaimReport
 from ._runtime import MAX_L2_BYTES, MAX_RACE_JOBS, _whole
+from ._settings import SECTION, settings_from_section
 from ._text import described_value
 
 if TYPE_CHECKING:
@@ -67,13 +68,41 @@ def _device_of(tensors: object) -> object:
         return None
 
 
-def _argument_problem(tensors: object, device: object, race_jobs: object, l2: object) -> str | None:
+_NONE = object()
+
+
+def _first_value(tensors: object) -> object:
+    """The mapping's first value (``_NONE``: not a mapping, empty, or it raised)."""
+    if not isinstance(tensors, Mapping):
+        return _NONE
+    try:
+        return next(iter(tensors.values()), _NONE)
+    except Exception:
+        return _NONE
+
+
+def _argument_problem(
+    tensors: object, device: object, race_jobs: object, l2: object, section: dict[str, Any]
+) -> str | None:
     """What is wrong with the program's arguments, in the program's words (``None``: nothing)."""
-    if device is None:
+    try:
+        settings_from_section(section)
+    except ConfigError as error:  # the settings' own words, less the config file's
+        cause = str(error).partition("; fix: ")[0].replace(f"{'.'.join(SECTION)}.", "")
         return (
-            f"tensors is {described_value(tensors)}, not a non-empty mapping of names to "
-            "tensors, and no device was given; nothing changed; fix: pass {name: tensor} for "
-            "the tensors that stay resident, or device="
+            f"{cause}; nothing changed; fix: pass window=, exclude= (a list of globs) and "
+            'on_error= as the README\'s "Without flare" shows'
+        )
+    if device is None:
+        first = _first_value(tensors)
+        what = (
+            f"tensors is {described_value(tensors)}, not a non-empty mapping of names to tensors"
+            if first is _NONE
+            else f"the first value of tensors is {described_value(first, 80)}, not a tensor"
+        )
+        return (
+            f"{what}, and no device was given; nothing changed; fix: pass {{name: tensor}} "
+            "for the tensors that stay resident, or device="
         )
     jobs = _whole(race_jobs)
     if jobs is None or not 0 <= jobs <= MAX_RACE_JOBS:
@@ -128,7 +157,7 @@ def evicting_from(
     never raises on entry. While another start-up (a flare host's, or another
     block) is active in the process, it reports 0 and changes nothing.
     """
-    section: dict[str, Any] = {"window": window, "exclude": list(exclude), "on_error": on_error}
+    section: dict[str, Any] = {"window": window, "exclude": exclude, "on_error": on_error}
     runtime = _ProgramRuntime(
         device=_device_of(tensors) if device is None else device,
         race_jobs=race_jobs,
@@ -136,7 +165,7 @@ def evicting_from(
         config={"plugins": {"l2evict": section}},
         tensors=tensors,
     )
-    problem = _argument_problem(tensors, runtime.device, race_jobs, l2_cache_bytes)
+    problem = _argument_problem(tensors, runtime.device, race_jobs, l2_cache_bytes, section)
     if problem is not None:  # said in the program's words, not the host contract's
         yield _refused(problem, on_error)
         return

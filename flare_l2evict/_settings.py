@@ -212,7 +212,7 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
                 ) from None
             data = yaml.load(text, Loader=_no_alias_loader(yaml, path))
         else:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_keys)
     except ConfigError:
         raise
     except Exception as error:  # the parsers' own error types differ; all mean "bad file"
@@ -318,7 +318,32 @@ def _no_alias_loader(yaml: Any, path: Path) -> type:
                 )
             return super().compose_node(parent, index)
 
+        def construct_mapping(self, node: Any, deep: bool = False) -> object:
+            _unique_keys([(self.construct_object(key), None) for key, _ in node.value])
+            return super().construct_mapping(node, deep=deep)
+
     return NoAliasLoader
+
+
+def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A JSON or YAML mapping whose keys repeat is refused: the last one would win silently.
+
+    ``on_error: raise`` followed by ``on_error: fallback`` must not quietly read as fallback.
+    """
+    seen: set[object] = set()
+    for key, _ in pairs:
+        try:
+            repeated = key in seen
+            seen.add(key)
+        except TypeError:  # an unhashable YAML key: the loader names it itself
+            continue
+        if repeated:
+            # ValueError: read as a parse error, with the file named and its fix.
+            raise ValueError(
+                f"key {literal(key, 80)} appears twice in one mapping, and the last would win "
+                "silently: keep one"
+            )
+    return dict(pairs)
 
 
 def wants_raise(section: Mapping[str, Any]) -> bool:

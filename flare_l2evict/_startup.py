@@ -68,6 +68,10 @@ def run(runtime: object) -> ReclaimReport:
                 mine.restore()
         _settle(startup, None)
         if issubclass(type(error), L2EvictError) or not issubclass(type(error), Exception):
+            if mine is None or mine.offered_bytes == 0:
+                # Nothing offered, nothing installed: a retry, with this runtime or a
+                # fresh one, begins anew instead of meeting a start-up that raised.
+                PROCESS.end(runtime)
             raise  # on_error = "raise", KeyboardInterrupt, SystemExit
         return nothing(runtime, f"internal error in flare_l2evict ({reason_of(error)})")
 
@@ -108,6 +112,7 @@ def _prepare(seen: Snapshot, startup: Startup, clock: Clock) -> Local:
             basis = measure_basis(facts.device, facts.l2_cache_bytes, settings, facts.race_jobs)
         local.basis, local.add = basis, facts.add_reclaimed
         local.credit = _choose_and_install(facts, settings, basis, startup, clock)
+        _refuse_unheld(startup, local)
     except Exception as caught:
         if startup.installation is not None:
             startup.installation.restore()
@@ -118,6 +123,22 @@ def _prepare(seen: Snapshot, startup: Startup, clock: Clock) -> Local:
             startup.installation.restore()
         raise
     return local
+
+
+def _refuse_unheld(startup: Startup, local: Local) -> None:
+    """No credit for memory only the eviction holds (a copy ``resident_tensors()`` made).
+
+    Checked once the hook holds no host mapping (``_choose_and_install`` has
+    returned): then every other holder of a storage read is the host's.
+    """
+    made = startup.installation
+    if local.credit.nbytes and made is not None and (unheld := made.unheld()) is not None:
+        made.restore()
+        local.credit = Credit(
+            0,
+            f"{unheld}; fix: resident_tensors() must return the tensors "
+            "the model keeps resident, not copies",
+        )
 
 
 def _read_settings(seen: Snapshot, local: Local) -> None:
@@ -234,6 +255,10 @@ def _settle(startup: Startup, report: ReclaimReport | None) -> None:
 
 def _agree(where: Placement, local: Credit, settings: L2EvictSettings | None) -> Agreement:
     """Every rank reaches the agreement, faulted or not, so none waits forever."""
+    if where.world_size == 1 and where.process_group is None:
+        # One rank and no group (a program's evicting_from, a TP1 replica): nobody to agree
+        # with, and no vote that another rank's agreement could mistake for its own.
+        return Agreement(local.nbytes, {}, local.reason)
     digest, shown_settings = settings_digest(settings)
     try:
         return agree(

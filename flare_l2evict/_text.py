@@ -9,6 +9,8 @@ or disguise what follows it. Torch-free: the CLI uses it before importing torch.
 from __future__ import annotations
 
 import json
+import sys
+import types
 import unicodedata
 from collections.abc import Mapping
 
@@ -153,9 +155,36 @@ def described(error: BaseException, limit: int = LIMIT) -> str:
 
 
 def described_value(value: object, limit: int = LIMIT) -> str:
-    """``repr(value)`` on one bounded line, even when its ``__repr__`` raises."""
+    """``repr(value)`` on one bounded line, in time bounded by ``limit``, whatever the value.
+
+    A string is cut before it is repr'd; a huge int is named by its bits; a
+    container is rendered only as far as ``limit`` reaches (:func:`literal`); a
+    tensor is its shape and dtype, never its elements. Any other object is
+    repr'd only when its class keeps a C-level ``__repr__`` (``torch.device``,
+    builtins): a host class's own ``__repr__`` may walk a whole model, so it is
+    named by its class instead. Never raises.
+    """
     try:
-        text = repr(value)
+        return _bounded_repr(value, limit)
     except Exception:
         return f"<a {type(value).__name__} whose repr raised>"
+
+
+def _bounded_repr(value: object, limit: int) -> str:
+    if isinstance(value, str):
+        plain = str.__str__(value)
+        text = repr(plain[: limit + 1])
+        return _cut(text, limit, total=len(plain)) if len(plain) > limit else _cut(text, limit)
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"<int of {value.bit_length():,} bits>"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return f"<a {type(value).__name__} of shape {tuple(value.shape)} ({value.dtype})>"
+    if isinstance(value, Mapping | list | tuple | set | frozenset | bytes | bytearray):
+        if isinstance(value, set | frozenset | bytes | bytearray):
+            return f"<a {type(value).__name__} of {len(value):,} items>"
+        return literal(value, limit)
+    if isinstance(type(value).__repr__, types.FunctionType):
+        return f"<a {type(value).__name__}>"
+    text = repr(value)
     return shown(text if type(text) is str else str.__str__(text), limit)

@@ -99,6 +99,15 @@ def _storages(
     names: list[str], values: list[object]
 ) -> tuple[list[torch.UntypedStorage | None], bool]:
     """Each tensor's storage (``None`` where it has none) and whether all had one."""
+    # A subclass's __torch_function__ could answer untyped_storage() with memory only the
+    # plugin would hold (a lazily built copy): with it disabled, the answer is the tensor's own.
+    with torch._C.DisableTorchFunctionSubclass():
+        return _each_storage(names, values)
+
+
+def _each_storage(
+    names: list[str], values: list[object]
+) -> tuple[list[torch.UntypedStorage | None], bool]:
     try:
         # C-level iteration, one call per tensor: a 100,000-tensor checkpoint stays fast.
         return list(map(_storage_of, values)), True
@@ -112,7 +121,7 @@ def _storages(
                 "fix: the host's resident_tensors() must map names to tensors"
             )
         try:
-            found.append(value.untyped_storage())
+            found.append(_storage_of(value))
         except Exception:  # tensor subclasses without a plain storage are not readable
             found.append(None)
     return found, False

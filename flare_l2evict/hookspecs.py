@@ -109,7 +109,9 @@ class FlareRuntime(Protocol):
         See :class:`KVAllocator`.
     ``resident_tensors()``
         The checkpoint tensors as loaded, as a mapping of names to tensors
-        (called once). The plugin only reads them and holds no reference after
+        (called once): the model's own tensors or views of them, not copies
+        (a storage nothing but the plugin would hold is not credited). The
+        plugin only reads them and holds no reference after
         ``startup_complete``. Tensors whose storages overlap in memory count
         once.
     """

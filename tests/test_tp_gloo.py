@@ -25,6 +25,7 @@ SCENARIOS = [
     "group_junk",
     "group_other",
     "late",
+    "program_block_first",
 ]
 
 
@@ -166,3 +167,14 @@ def test_a_rank_past_the_wait_finds_itself_voted_out_and_every_rank_credits_zero
     assert "this rank did not reach the tensor-parallel agreement within 5 s" in got[1]["reason"]
     for r in got[:1] + got[2:]:
         assert "rank 1 did not reach the tensor-parallel agreement within 5 s" in r["reason"]
+
+
+def test_a_program_block_on_one_rank_does_not_shift_the_next_agreement(
+    ranks: list[dict[str, Any]],
+) -> None:
+    # The hostile re-attack: rank 1 alone ran an evicting_from block first. Its block
+    # agrees with nobody, so both ranks still meet in the same round and credit alike.
+    got = reports(ranks, "program_block_first")
+    assert len(got) == len(ranks)
+    assert {r["reclaimed_bytes"] for r in got} == {5 * STOCK - OWN}
+    assert {rank["program_block_first"]["credited"] for rank in ranks} == {5 * STOCK - OWN}

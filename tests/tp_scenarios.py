@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from figures import MiB
 
+import flare_l2evict
+
 if TYPE_CHECKING:
     from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime
 
@@ -115,6 +117,13 @@ def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str
         # A short wait where a rank is meant to miss the agreement; the default elsewhere.
         _agree.AGREE_TIMEOUT_S = 5.0 if scenario in ("group_other", "late") else 120.0
         runtime = _runtime(scenario, rank, world_size)
+        if scenario == "program_block_first" and rank == 1:
+            # A warm-up benchmark on one rank only: its block must not be counted as this
+            # rank's share of the next tensor-parallel agreement.
+            with flare_l2evict.evicting_from(
+                {"warm.w": torch.zeros(128 * MiB // 4)}, race_jobs=2, l2_cache_bytes=16 * MiB
+            ):
+                pass
         try:
             (report,) = pm.hook.before_first_capture(runtime=runtime)
             results[scenario] = {

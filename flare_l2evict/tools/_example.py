@@ -103,6 +103,38 @@ def commands_note(out: str) -> str:
     return "\n".join(lines)
 
 
+EXAMPLE_FILES = (
+    "model.safetensors",
+    "model-00001-of-00002.safetensors",
+    "model-00002-of-00002.safetensors",
+    "model.safetensors.index.json",
+    *(f"rank{rank}.safetensors" for rank in range(RANKS)),
+    "deploy.toml",
+    "deploy.yaml",
+    "deploy.json",
+    "COMMANDS.md",
+)
+"""Every file :func:`write_example` writes, and nothing else."""
+
+
+def _refuse_links(out: Path) -> None:
+    """Refuse, before writing anything, a name that is a link or not a plain file.
+
+    Writing through a symlink left in ``out`` would overwrite a file outside it.
+    """
+    from .._errors import L2EvictError
+    from .._text import shown
+
+    for name in EXAMPLE_FILES:
+        path = out / name
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise L2EvictError(
+                f"--out {shown(str(out))}: {shown(name)} there is a symlink or not a plain "
+                "file, and the example would write through it; nothing written; fix: remove "
+                "it, or name a new directory"
+            )
+
+
 def write_example(out: Path, window_bytes: int, *, shown_as: str | None = None) -> list[Path]:
     """Write every example file into ``out`` (made if missing) and return their paths.
 
@@ -112,6 +144,7 @@ def write_example(out: Path, window_bytes: int, *, shown_as: str | None = None) 
     from .reference_host._example import example_specs, write_headers
 
     out.mkdir(parents=True, exist_ok=True)
+    _refuse_links(out)
     specs = example_specs(window_bytes)
     written = [write_headers(out / "model.safetensors", specs)]
     half = (len(specs) + 1) // 2

@@ -528,7 +528,15 @@ def _read_checkpoint(paths: Sequence[Path]) -> list[TensorHeader]:
 def _shard(
     index: Path, shard: str, load: Callable[[Path, str], tuple[int, int]]
 ) -> tuple[int, int]:
-    """Read a shard an index names, relative to the index's folder."""
+    """Read a shard an index names, relative to the index's folder (never outside it)."""
+    # An index names shards by file name (Hugging Face writes them so): an absolute path
+    # or one through ".." would read files the operator never pointed at.
+    if Path(shard).is_absolute() or ".." in Path(shard).parts or shard.startswith("~"):
+        raise CheckpointError(
+            f"{shown(str(index))}: shard '{shown(shard, 80)}' named in the index lies outside the "
+            "index's folder (an absolute path or ..); fix: name each shard by its file name "
+            "beside the index"
+        )
     path = index.parent / shard
     try:
         mode: int | None = os.stat(path).st_mode
