@@ -92,7 +92,7 @@ class LazyStorageTensorStandIn(torch.Tensor):
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is torch.Tensor.untyped_storage:
             return torch.zeros(128 * MiB // 4).untyped_storage()
-        return super().__torch_function__(func, types, args, kwargs or {})
+        return super().__torch_function__(func, types, args, kwargs or {})  # type: ignore[no-untyped-call]
 
 
 def test_a_subclass_cannot_answer_for_its_storage() -> None:
@@ -227,7 +227,7 @@ def test_an_allocator_returning_an_awaitable_is_recorded_as_raised() -> None:
 class InterruptingRuntimeStandIn(ReferenceRuntime):
     """A host whose ``race_jobs`` property raises ``KeyboardInterrupt`` (Ctrl-C mid-hook)."""
 
-    @property  # type: ignore[override]
+    @property
     def race_jobs(self) -> int:
         raise KeyboardInterrupt
 
