@@ -18,6 +18,8 @@ Kinds (what the host does right after ``before_first_capture``):
 - ``set``: ``weights.set_(other storage)``;
 - ``swap``: ``param.data = other`` on an ``nn.Parameter``;
 - ``offload``: ``param.data = param.data.to("cpu")`` (a copy, on a CPU device);
+- ``dropped``: the host drops every reference to its weights (``del model``):
+  only the eviction would keep them alive;
 - ``none``: nothing (the control).
 
 On CUDA the freed memory is handed back with ``torch.cuda.empty_cache()`` and a
@@ -54,6 +56,7 @@ KINDS = (
     "set",
     "swap",
     "offload",
+    "dropped",
 )
 EVICTIONS = 6
 FREED = [
@@ -65,6 +68,7 @@ FREED = [
     "set",
     "swap",
     "offload",
+    "dropped",
 ]
 """The kinds that free, move or re-point the weights the hook saw."""
 
@@ -157,6 +161,8 @@ def main(kind: str, device_name: str) -> dict[str, Any]:
     del tensors
     runtime.tensors = {}  # the host's own references go with what it frees
     _free(kind, kept, device, nbytes)
+    if kind == "dropped":
+        kept = None  # the host's last reference
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
