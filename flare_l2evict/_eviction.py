@@ -30,6 +30,19 @@ _tensor_address: Callable[[Any], int] = torch.Tensor.data_ptr
 _use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 
 
+def _lone_refs() -> int:
+    """The Python count of a storage object held by one list slot, read as ``_unheld_slot`` does.
+
+    Torch may keep a reference of its own: measured here, not assumed.
+    """
+    tensor = torch.empty(1)
+    storages = [tensor.untyped_storage()]
+    return sys.getrefcount(storages[0])
+
+
+_LONE_REFS = _lone_refs()
+
+
 def triton_started() -> bool:
     """Whether this process has already paid Triton's start (import, and hashing its sources).
 
@@ -112,11 +125,17 @@ class WeightEviction:
         self._fallback: Callable[[], None] | None = None
         self._views: list[torch.Tensor] = []  # 1-d float32, one per piece, as read
         self._reads: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, its output)
-        # (storage, its address, bytes needed), and (host tensor, its address) per piece.
-        self._needed: list[tuple[torch.UntypedStorage, int, int]] = []
+        # Each storage read, once: this list is the object's only reference to it, so
+        # unheld() can tell a holder of the host's from its own (see _held_elsewhere).
+        self._storages: list[torch.UntypedStorage] = []
+        self._slots: dict[int, int] = {}  # id(storage) -> its index in _storages
+        self._first: list[int] = []  # per storage: holders of its memory before this object's
+        self._ours: list[int] = []  # per storage: holders of its memory that are this object's
+        self._cdatas: list[int] = []
+        # (storage index, its address, bytes needed), and (host tensor, its address) per piece.
+        self._needed: list[tuple[int, int, int]] = []
         # Weakly: holding the host's tensor would keep a copy it returned alive (see unheld).
         self._owners: list[tuple[weakref.ref[torch.Tensor], int, str]] = []
-        self._first_count: dict[int, int] = {}  # id(storage) -> holders before this object's
         self._names: list[str] = []  # the region's name, per entry of _needed
         self.fell_back_reason: str | None = None
         """Why the reads stopped before :meth:`release` (``None``: they never did)."""
@@ -132,6 +151,7 @@ class WeightEviction:
         self.kernel_note = ""
         self._choose_kernel(kernel)
         self._ours = self._own_holds()
+        self._slots = {}
 
     def _add(self, name: str, piece: WeightPiece) -> None:
         """One piece's view, its reads, and what :meth:`_intact` checks of it."""
@@ -142,8 +162,11 @@ class WeightEviction:
                 f"{_nbytes(piece.storage):,} bytes, fewer than the "
                 f"{piece.offset + piece.nbytes:,} the choice reads; nothing installed"
             )
-        if _use_count is not None:
-            self._first_count.setdefault(id(piece.storage), _use_count(piece.storage._cdata))
+        slot = self._slots.get(id(piece.storage))
+        if slot is None:
+            slot = self._slots[id(piece.storage)] = len(self._storages)
+            self._storages.append(piece.storage)
+            self._first.append(_use_count(piece.storage._cdata) if _use_count else 0)
         count = piece.nbytes // WORD
         view = torch.empty(0, dtype=torch.float32, device=self.device)
         view.set_(piece.storage, piece.offset // WORD, (count,), (1,))
@@ -153,7 +176,7 @@ class WeightEviction:
             self._reads.append((view[:main].view(OUTPUT_ROWS, -1), self._partial))
         if count - main:
             self._reads.append((view[main:], self._out))
-        self._needed.append((piece.storage, _address(piece.storage), piece.offset + piece.nbytes))
+        self._needed.append((slot, _address(piece.storage), piece.offset + piece.nbytes))
         self._names.append(name)
         if piece.tensor is not None and _plain(piece.tensor):
             try:
@@ -191,36 +214,50 @@ class WeightEviction:
     def _intact(self) -> bool:
         """Whether every piece still covers what it covered at the hook (cheap: C calls only)."""
         try:
-            for storage, address, needed in self._needed:
-                if _address(storage) != address or _nbytes(storage) < needed:
+            storages = self._storages
+            for slot, address, needed in self._needed:
+                if _address(storages[slot]) != address or _nbytes(storages[slot]) < needed:
                     return False
             for held, address, _ in self._owners:
                 tensor = held()
                 if tensor is not None and _tensor_address(tensor) != address:
                     return False
-            if _use_count is not None:
-                for storage, ours, _ in self._ours:
-                    if _use_count(storage._cdata) <= ours:
-                        return False
+            if self._unheld_slot() is not None:
+                return False
         except Exception:  # a host tensor whose address now raises: not the one chosen
             return False
         return bool(self._views)
 
-    def _own_holds(self) -> list[tuple[torch.UntypedStorage, int, str]]:
-        """Per storage read: the holders of its memory that are this object's own.
+    def _own_holds(self) -> list[int]:
+        """Per storage read, the holders of its memory this object added, counted in C++.
 
-        They are what this object added since its first piece of the storage
-        (views, reads, Triton's launches), plus the storage object it keeps.
+        Views, reads and Triton's launches: the count now less the count
+        before this object's first piece of that storage.
         """
         if _use_count is None:
             return []
-        seen: dict[int, tuple[torch.UntypedStorage, int, str]] = {}
-        for (storage, _, _), name in zip(self._needed, self._names, strict=True):
-            first = self._first_count.get(id(storage))
-            if first is not None and id(storage) not in seen:
-                seen[id(storage)] = (storage, _use_count(storage._cdata) - first + 1, name)
-        self._first_count = {}
-        return list(seen.values())
+        self._cdatas = [storage._cdata for storage in self._storages]
+        pairs = zip(self._cdatas, self._first, strict=True)
+        return [_use_count(cdata) - first for cdata, first in pairs]
+
+    def _unheld_slot(self) -> int | None:
+        """The first storage read that nothing but this object holds (``None``: none).
+
+        Its memory's holders are this object's tensors (:attr:`_ours`), the
+        storage object, and any of the host's: a tensor (seen in the C++ count)
+        or the storage object itself (seen in its Python count, against
+        :data:`_LONE_REFS`, what this object's one reference gives).
+        """
+        if _use_count is None or not self._ours:
+            return None
+        for slot, ours in enumerate(self._ours):
+            # _cdata is the storage's C++ address, fixed while this object holds the storage.
+            if _use_count(self._cdatas[slot]) > ours + 1:
+                continue  # another tensor of the host's (+1: the storage object)
+            if sys.getrefcount(self._storages[slot]) > _LONE_REFS:
+                continue  # the host holds the storage object (a fused base it keeps)
+            return slot
+        return None
 
     def unheld(self) -> str | None:
         """Why a storage read is held by nothing but this object (``None``: every one is held).
@@ -229,22 +266,21 @@ class WeightEviction:
         the host dropped those weights, and reading it would keep alive bytes
         the host does not count. Call once the hook holds no host mapping.
         """
-        if _use_count is None:
+        slot = self._unheld_slot()
+        if slot is None:
             return None
-        for storage, ours, name in self._ours:
-            if _use_count(storage._cdata) <= ours:
-                return (
-                    f"nothing but the plugin holds the storage of {shown(repr(name), 120)} "
-                    f"({_nbytes(storage):,} bytes): resident_tensors() returned a copy, or the "
-                    "host dropped those weights"
-                )
-        return None
+        name = self._names[next(i for i, n in enumerate(self._needed) if n[0] == slot)]
+        return (
+            f"nothing but the plugin holds the storage of {shown(repr(name), 120)} "
+            f"({_nbytes(self._storages[slot]):,} bytes): resident_tensors() returned a copy, "
+            "or the host dropped those weights"
+        )
 
     def _why_not_intact(self) -> str:
         """What changed since the hook, in words (only called once, on the way to stock)."""
-        for (storage, address, needed), name in zip(self._needed, self._names, strict=True):
+        for (slot, address, needed), name in zip(self._needed, self._names, strict=True):
             try:
-                now, size = _address(storage), _nbytes(storage)
+                now, size = _address(self._storages[slot]), _nbytes(self._storages[slot])
             except Exception:
                 return f"the storage of {shown(repr(name), 120)} can no longer be read"
             if now != address or size < needed:
@@ -316,6 +352,8 @@ class WeightEviction:
         self._needed = []
         self._owners = []
         self._ours = []
+        self._cdatas = []
+        self._storages = []
 
     def __repr__(self) -> str:
         state = "released" if self.released else f"{self.read_bytes:,} bytes"

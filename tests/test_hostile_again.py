@@ -137,6 +137,31 @@ def test_the_hosts_own_tensors_are_credited_and_dropping_them_later_falls_back()
     assert audit.fallback_reason.startswith("nothing but the plugin holds the storage of 'w'")
 
 
+@pytest.mark.parametrize("kept", ["storage-object", "aliases"])
+def test_weights_the_host_holds_by_other_handles_are_still_the_hosts(kept: str) -> None:
+    # A host that keeps only its fused base storage object (vLLM-style fused buffers), or
+    # hands out fresh aliases (p.data) of tensors it keeps: held, so credited and read.
+    base = torch.zeros(128 * MiB // 4)
+    storage = base.untyped_storage()
+    model = {"w": base}
+    tensors = {"w": torch.empty(0).set_(storage)} if kept == "storage-object" else {}
+    host = runtime(tensors)
+    if kept == "aliases":
+        host.tensors = {"w": model["w"].data}  # a new alias each time the host builds it
+    (report,) = PM.hook.before_first_capture(runtime=host)
+    assert report.reclaimed_bytes > 0, report.reason
+    host.tensors = {}
+    del tensors, base
+    if kept == "storage-object":
+        model.clear()  # only the storage object is left to the host
+    installed = active_installation()
+    assert installed is not None
+    installed.eviction()
+    audit = PM.hook.startup_complete(runtime=host)[0]
+    assert audit.fallback_reason is None and audit.shortfall_bytes == 0, audit.summary()
+    assert storage.nbytes() == 128 * MiB
+
+
 class ReprMustNotRunStandIn:
     """A host object whose ``__repr__`` would walk a whole model (here: fails the test)."""
 
