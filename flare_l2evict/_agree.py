@@ -50,11 +50,11 @@ class Agreement:
 AGREE_TIMEOUT_S = 120.0
 """Seconds a rank waits for the other ranks' votes; then the missing ones are voted out (0)."""
 
-_ROUNDS: dict[tuple[int, ...], itertools.count[int]] = {}
-"""Agreements this process has made, per set of ranks: every rank of a group calls
-:func:`agree` once per start-up of that group, so the n-th call over the same ranks is the
-same start-up on each of them, and its votes have their own keys. A start-up over other
-ranks (or none: a program's :func:`~flare_l2evict.evicting_from`) does not move the count."""
+_ROUNDS = itertools.count()
+"""Agreements this process has made: every rank of a job calls :func:`agree` once per
+start-up, so the n-th call is the same start-up on every rank, and its votes have their own
+keys. A start-up of one rank with no group (a program's
+:func:`~flare_l2evict.evicting_from`) does not call it, so it does not move the count."""
 _LATE = "late"
 _PREFIX = "flare_l2evict/agree"
 
@@ -82,6 +82,7 @@ def agree(
     agreed figure 0 and are named. Without a usable group (or a group of
     one), the rank's own figure stands.
     """
+    number = next(_ROUNDS)
     alone = Agreement(outcome.reclaimed_bytes, {}, outcome.reason)
     if not dist.is_available() or not dist.is_initialized():
         return alone
@@ -92,11 +93,11 @@ def agree(
         # group is the whole job read this vote at once instead of waiting for it.
         if store is not None and dist.get_world_size() > 1:
             every = list(range(dist.get_world_size()))
-            _vote(store, _keys(every, _round(every))[dist.get_rank()], outcome)
+            _vote(store, _keys(every, number)[dist.get_rank()], outcome)
         return alone
     if len(members) == 1:
         return alone
-    gathered = _gather(store, group, members, _round(members), outcome)
+    gathered = _gather(store, group, members, number, outcome)
     return gathered if isinstance(gathered, Agreement) else _combine(outcome, gathered)
 
 
@@ -178,11 +179,6 @@ def _members(group: object) -> list[int] | None:
         return list(dist.get_process_group_ranks(group))  # type: ignore[arg-type]
     except Exception:
         return None
-
-
-def _round(members: list[int]) -> int:
-    """This process's next agreement number over exactly these ranks."""
-    return next(_ROUNDS.setdefault(tuple(members), itertools.count()))
 
 
 def _keys(members: list[int], number: int) -> list[str]:
