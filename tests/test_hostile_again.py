@@ -67,8 +67,10 @@ def _finished() -> Any:
     plugin.finish()
 
 
-def runtime(tensors: Any, allocator: Any = None) -> ReferenceRuntime:
-    return ReferenceRuntime(
+def runtime(
+    tensors: Any, allocator: Any = None, kind: type[ReferenceRuntime] = ReferenceRuntime
+) -> ReferenceRuntime:
+    return kind(
         device=torch.device("cpu"),
         config={},
         kv_allocator=allocator or ReferenceKVAllocator(1024),
@@ -105,14 +107,7 @@ def test_a_subclass_cannot_answer_for_its_storage() -> None:
 
 def test_fresh_copies_from_resident_tensors_are_not_credited() -> None:
     weight = torch.zeros(128 * MiB // 4).view(-1, 1024).t()  # non-contiguous: .contiguous() copies
-    host = CopyingRuntimeStandIn(
-        device=torch.device("cpu"),
-        config={},
-        kv_allocator=ReferenceKVAllocator(1024),
-        race_jobs=2,
-        l2_cache_bytes=L2,
-        tensors={"w": weight},
-    )
+    host = runtime({"w": weight}, kind=CopyingRuntimeStandIn)
     (report,) = PM.hook.before_first_capture(runtime=host)
     assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
     assert (report.reason or "").startswith("nothing but the plugin holds the storage of 'w'")
@@ -262,14 +257,7 @@ class InterruptingRuntimeStandIn(ReferenceRuntime):
 
 
 def test_an_interrupt_with_nothing_offered_lets_a_fresh_runtime_start() -> None:
-    broken = InterruptingRuntimeStandIn(
-        device=torch.device("cpu"),
-        config={},
-        kv_allocator=ReferenceKVAllocator(1024),
-        race_jobs=2,
-        l2_cache_bytes=L2,
-        tensors={"w": torch.zeros(128 * MiB // 4)},
-    )
+    broken = runtime({"w": torch.zeros(128 * MiB // 4)}, kind=InterruptingRuntimeStandIn)
     with pytest.raises(KeyboardInterrupt):
         PM.hook.before_first_capture(runtime=broken)
     retry = runtime({"w": torch.zeros(128 * MiB // 4)})
