@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import torch
@@ -129,7 +129,6 @@ class WeightEviction:
         # unheld() can tell a holder of the host's from its own (see _held_elsewhere).
         self._storages: list[torch.UntypedStorage] = []
         self._slots: dict[int, int] = {}  # id(storage) -> its index in _storages
-        self._first: list[int] = []  # per storage: holders of its memory before this object's
         self._ours: list[int] = []  # per storage: holders of its memory that are this object's
         self._cdatas: list[int] = []
         # (storage index, its address, bytes needed), and (host tensor, its address) per piece.
@@ -166,7 +165,6 @@ class WeightEviction:
         if slot is None:
             slot = self._slots[id(piece.storage)] = len(self._storages)
             self._storages.append(piece.storage)
-            self._first.append(_use_count(piece.storage._cdata) if _use_count else 0)
         count = piece.nbytes // WORD
         view = torch.empty(0, dtype=torch.float32, device=self.device)
         view.set_(piece.storage, piece.offset // WORD, (count,), (1,))
@@ -229,16 +227,32 @@ class WeightEviction:
         return bool(self._views)
 
     def _own_holds(self) -> list[int]:
-        """Per storage read, the holders of its memory this object added, counted in C++.
+        """Per storage read, how many of this object's own tensors hold its memory.
 
-        Views, reads and Triton's launches: the count now less the count
-        before this object's first piece of that storage.
+        Counted from the tensors themselves (views, reads, Triton's chunks),
+        never as a difference of counts taken while the hook runs: a holder
+        the host makes meanwhile (another thread, a mode that records op
+        outputs) stays the host's, so the host's weights are never taken for
+        the eviction's alone.
         """
         if _use_count is None:
             return []
         self._cdatas = [storage._cdata for storage in self._storages]
-        pairs = zip(self._cdatas, self._first, strict=True)
-        return [_use_count(cdata) - first for cdata, first in pairs]
+        slot_of = {cdata: slot for slot, cdata in enumerate(self._cdatas)}
+        ours = [0] * len(self._storages)
+        with torch._C.DisableTorchFunction():  # a host's function mode answers nothing here
+            for tensor in self._own_tensors():
+                slot = slot_of.get(tensor.untyped_storage()._cdata)
+                if slot is not None:
+                    ours[slot] += 1
+        return ours
+
+    def _own_tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor this object keeps that may view the weights."""
+        yield from self._views
+        yield from (source for source, _ in self._reads)
+        for launch in self._launches:  # functools.partial over (kernel, grid, chunk, out, n)
+            yield from (a for a in getattr(launch, "args", ()) if isinstance(a, torch.Tensor))
 
     def _unheld_slot(self) -> int | None:
         """The first storage read that nothing but this object holds (``None``: none).

@@ -120,10 +120,10 @@ def _argument_problem(
     return None
 
 
-def _refused(problem: str, on_error: str) -> ReclaimReport:
+def _refused(problem: str, on_error: object) -> ReclaimReport:
     """0 bytes and one line for arguments :func:`_argument_problem` refused."""
     reason = f"evicting_from: {problem}"
-    if on_error == "raise":
+    if type(on_error) is str and on_error == "raise":  # a host object's == may raise
         raise L2EvictError(f"l2evict failed and on_error = 'raise': {reason}")
     report = ReclaimReport(device="unknown", reclaimed_bytes=0, mechanism="none", reason=reason)
     say(log, logging.WARNING, "flare_l2evict: stock b12x eviction kept; %s", report.summary())

@@ -167,11 +167,14 @@ def _placement(seen: Snapshot) -> Placement:
 
 def _described(value: object) -> str:
     """What a value is, in bounded time: never iterates a tensor's elements."""
+    kind = type(value)  # never __class__, which a host object may answer
     try:
-        if isinstance(value, torch.Tensor):
-            return f"a Tensor of shape {tuple(value.shape)} ({value.dtype})"
-        if isinstance(value, list | tuple | set | frozenset):
-            return f"a {type(value).__name__} of {len(value):,} items"
+        if issubclass(kind, torch.Tensor):
+            shape = tuple(torch.Tensor.size(value))  # type: ignore[call-overload]
+            dtype = torch.Tensor.dtype.__get__(value)  # type: ignore[attr-defined]
+            return f"a Tensor of shape {shape} ({dtype})"
+        if kind in (list, tuple, set, frozenset, dict):
+            return f"a {kind.__name__} of {len(value):,} items"  # type: ignore[arg-type]
     except Exception:  # a subclass of the host's whose shape or len raises
         pass
     return f"a {type(value).__name__}"

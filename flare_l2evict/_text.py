@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import types
 import unicodedata
 from collections.abc import Mapping
 
@@ -90,7 +89,9 @@ def literal(value: object, limit: int = LIMIT) -> str:
             return emit(f"<int of {item.bit_length():,} bits>")
         if item is None or isinstance(item, bool | int | float):
             return emit(json.dumps(item))
-        if isinstance(item, Mapping | list | tuple):
+        # Only containers whose iteration is the builtins' own: a host's may block or lie.
+        builtin = type(item) in (list, tuple) or getattr(type(item), "items", None) is dict.items
+        if builtin and isinstance(item, Mapping | list | tuple):
             opened, closed = ("{", "}") if isinstance(item, Mapping) else ("[", "]")
             if depth >= 4:
                 return emit(f"{opened}...{closed}")
@@ -157,12 +158,14 @@ def described(error: BaseException, limit: int = LIMIT) -> str:
 def described_value(value: object, limit: int = LIMIT) -> str:
     """``repr(value)`` on one bounded line, in time bounded by ``limit``, whatever the value.
 
-    A string is cut before it is repr'd; a huge int is named by its bits; a
-    container is rendered only as far as ``limit`` reaches (:func:`literal`); a
-    tensor is its shape and dtype, never its elements. Any other object is
-    repr'd only when its class keeps a C-level ``__repr__`` (``torch.device``,
-    builtins): a host class's own ``__repr__`` may walk a whole model, so it is
-    named by its class instead. Never raises.
+    Only values whose repr is known to be bounded are repr'd: numbers, ``None``,
+    a string (cut first), ``torch.device`` and ``torch.dtype``; a plain ``dict``,
+    ``list`` or ``tuple`` is rendered only as far as ``limit`` reaches
+    (:func:`literal`); a tensor is its shape and dtype, never its elements.
+    Anything else, the host's classes and C-level containers whose repr would
+    walk what they hold (``dict_values``, ``deque``, arrays) included, is named
+    by its type. Types are read with ``type()``, never ``__class__``, which a
+    host object may answer. Never raises.
     """
     try:
         return _bounded_repr(value, limit)
@@ -170,21 +173,26 @@ def described_value(value: object, limit: int = LIMIT) -> str:
         return f"<a {type(value).__name__} whose repr raised>"
 
 
+_REPR_BOUNDED = (bool, int, float, complex, type(None))
+
+
 def _bounded_repr(value: object, limit: int) -> str:
-    if isinstance(value, str):
+    kind = type(value)
+    if issubclass(kind, str):
         plain = str.__str__(value)
         text = repr(plain[: limit + 1])
         return _cut(text, limit, total=len(plain)) if len(plain) > limit else _cut(text, limit)
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"<int of {value.bit_length():,} bits>"
+    if kind is int and value.bit_length() > 64:  # type: ignore[attr-defined]
+        return f"<int of {value.bit_length():,} bits>"  # type: ignore[attr-defined]
+    if kind in _REPR_BOUNDED:
+        return shown(repr(value), limit)
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        return f"<a {type(value).__name__} of shape {tuple(value.shape)} ({value.dtype})>"
-    if isinstance(value, Mapping | list | tuple | set | frozenset | bytes | bytearray):
-        if isinstance(value, set | frozenset | bytes | bytearray):
-            return f"<a {type(value).__name__} of {len(value):,} items>"
+    if torch is not None and kind in (torch.device, torch.dtype):
+        return shown(repr(value), limit)
+    if torch is not None and issubclass(kind, torch.Tensor):
+        shape = tuple(torch.Tensor.size(value))
+        dtype = torch.Tensor.dtype.__get__(value)
+        return f"<a {kind.__name__} of shape {shape} ({dtype})>"
+    if kind in (dict, list, tuple):
         return literal(value, limit)
-    if isinstance(type(value).__repr__, types.FunctionType):
-        return f"<a {type(value).__name__}>"
-    text = repr(value)
-    return shown(text if type(text) is str else str.__str__(text), limit)
+    return f"<a {kind.__name__}>"

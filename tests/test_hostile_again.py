@@ -24,6 +24,19 @@ Case -> outcome:
 - ``example --out`` into a directory holding symlinks named as its files ->
   refused, nothing written through them.
 
+A second probe of the fixed code found, and these tests hold:
+
+- a host mode that records every op output while the hook runs (torch's
+  ``DebugMode(store_original_args=True)``, any dispatch or function mode),
+  flushed after it -> the host's ``nn.Parameter`` is still the host's: no
+  fallback mid-start-up (the eviction counts its own tensors, not a
+  difference of counts);
+- a copy kept only by a reference cycle -> credit 0 at the hook;
+- an object whose ``__class__`` claims ``torch.Tensor`` with an endless shape,
+  ``evicting_from(weights.values())``, a Mapping whose ``items()`` blocks ->
+  named by type at once;
+- ``evicting_from(on_error=<object whose == raises>)`` -> 0, one line.
+
 The tensor-parallel case (a program's block on one rank shifting the next
 agreement) is ``test_tp_gloo.py::test_a_program_block_on_one_rank_...``.
 The host's runtime and allocator are stand-ins (named so); pluggy, the plugin,
@@ -32,16 +45,19 @@ b12x's real seam and torch are real.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from figures import MiB
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import flare_l2evict
 from flare_l2evict import ConfigError, L2EvictError, load_deployment_config, plugin
@@ -155,6 +171,108 @@ def test_weights_the_host_holds_by_other_handles_are_still_the_hosts(kept: str) 
     audit = PM.hook.startup_complete(runtime=host)[0]
     assert audit.fallback_reason is None and audit.shortfall_bytes == 0, audit.summary()
     assert storage.nbytes() == 128 * MiB
+
+
+class RecordingModeStandIn(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """A host's debug recorder: keeps every op output made while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.seen: list[object] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.seen.append(out)
+        return out
+
+
+def test_a_mode_that_recorded_the_hooks_ops_does_not_make_the_hosts_weights_look_dropped() -> None:
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.zeros(128 * MiB // 4), requires_grad=False)
+    host = runtime({})
+    host.tensors = dict(model.named_parameters())
+    recorder = RecordingModeStandIn()
+    with recorder:
+        (report,) = PM.hook.before_first_capture(runtime=host)
+    assert recorder.seen  # it saw the plugin's own ops (its views) while the hook ran
+    recorder.seen.clear()  # the recorder is flushed; the model keeps its parameter
+    host.tensors = {}
+    installed = active_installation()
+    assert report.reclaimed_bytes > 0 and installed is not None, report.reason
+    installed.eviction()
+    audit = PM.hook.startup_complete(runtime=host)[0]
+    assert audit.fallback_reason is None and audit.shortfall_bytes == 0, audit.summary()
+
+
+class CopyingInACycleRuntimeStandIn(ReferenceRuntime):
+    """A host whose copies are kept alive only by a reference cycle it drops at once."""
+
+    def resident_tensors(self) -> dict[str, torch.Tensor]:
+        copy = self.tensors["w"].contiguous()
+        cycle: list[object] = [copy]
+        cycle.append(cycle)
+        return {"w": copy}
+
+
+def test_a_copy_kept_only_by_a_reference_cycle_is_not_credited() -> None:
+    weight = torch.zeros(128 * MiB // 4).view(-1, 1024).t()
+    host = runtime({"w": weight}, kind=CopyingInACycleRuntimeStandIn)
+    (report,) = PM.hook.before_first_capture(runtime=host)
+    assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
+    assert (report.reason or "").startswith("nothing but the plugin holds the storage of 'w'")
+
+
+class LyingTensorStandIn:
+    """A host object whose ``__class__`` claims ``torch.Tensor`` and whose shape never ends."""
+
+    __class__ = property(lambda self: torch.Tensor)
+    shape = itertools.count()
+
+
+class BlockingMappingStandIn(Mapping[str, object]):
+    """A host mapping whose iteration must never be asked for in a message (fails the test)."""
+
+    def __getitem__(self, key: str) -> object:
+        raise AssertionError("read")
+
+    def __iter__(self) -> Iterator[str]:
+        raise AssertionError("iterated")
+
+    def __len__(self) -> int:
+        raise AssertionError("sized")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [LyingTensorStandIn(), {"w": torch.zeros(4)}.values(), BlockingMappingStandIn()],
+    ids=["lying-class", "dict-values", "blocking-mapping"],
+)
+def test_odd_values_are_named_by_their_type(value: object) -> None:
+    text = described_value(value, 80)
+    assert text == f"<a {type(value).__name__}>"
+    host = runtime({})
+    host.tensors = value  # type: ignore[assignment]
+    (report,) = PM.hook.before_first_capture(runtime=host)
+    assert report.reclaimed_bytes == 0 and "\n" not in (report.reason or "")
+
+
+class EqRaisesStandIn:
+    """A value whose ``==`` raises: comparing it must not escape the fallback."""
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("host __eq__")
+
+    __hash__ = object.__hash__
+
+
+def test_an_on_error_whose_eq_raises_is_one_line_in_a_program() -> None:
+    with flare_l2evict.evicting_from(
+        {"w": torch.zeros(4)},
+        race_jobs=2,
+        on_error=EqRaisesStandIn(),  # type: ignore[arg-type]
+    ) as report:
+        assert report.reclaimed_bytes == 0
+    assert (report.reason or "").startswith("evicting_from: on_error = <EqRaisesStandIn>")
 
 
 class ReprMustNotRunStandIn:
