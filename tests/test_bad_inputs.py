@@ -285,7 +285,7 @@ RUNTIME_CASES: list[tuple[str, object, str]] = [
     ("l2_cache_bytes", -5, "runtime.l2_cache_bytes = -5"),
     ("l2_cache_bytes", None, "runtime.l2_cache_bytes = None: the host must pass the L2 size"),
     ("config", [1], "runtime.config = [1]: the host must pass the deployment config"),
-    ("kv_allocator", object(), "runtime.kv_allocator = <object"),
+    ("kv_allocator", object(), "runtime.kv_allocator = <a object>"),
 ]
 
 
