@@ -9,6 +9,7 @@ one (:data:`~._lifecycle.PROCESS`); :func:`active_installation` finds it.
 
 from __future__ import annotations
 
+import gc
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -120,7 +121,16 @@ class Installation:
         return self._eviction.views()
 
     def unheld(self) -> str | None:
-        """Why a storage read is held by nothing but the eviction (``None``: the host holds all)."""
+        """Why a storage read is held by nothing but the eviction (``None``: the host holds all).
+
+        Asked once the hook holds no host mapping. A copy made inside
+        ``resident_tensors()`` and kept only by a reference cycle is young:
+        collecting the young generations (microseconds; a full collection can
+        take a second on a server's heap) frees it first, so it is not taken
+        for the host's. One that survives longer is caught at a read once the
+        collector frees it (the audit's FELL BACK and SHORTFALL).
+        """
+        gc.collect(1)
         return self._eviction.unheld()
 
     @property

@@ -21,7 +21,6 @@ allocator relies on:
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -133,13 +132,6 @@ def _refuse_unheld(startup: Startup, local: Local) -> None:
     returned): then every other holder of a storage read is the host's.
     """
     made = startup.installation
-    if local.credit.nbytes and made is not None:
-        # A copy made inside resident_tensors() and kept only by a reference cycle is young:
-        # collecting the young generations (microseconds; a full collection can take a
-        # second on a server's heap) frees it, so it is not taken for the host's. One that
-        # survives longer is caught at a read once the collector frees it (the audit's
-        # FELL BACK and SHORTFALL).
-        gc.collect(1)
     if local.credit.nbytes and made is not None and (unheld := made.unheld()) is not None:
         made.restore()
         local.credit = Credit(
