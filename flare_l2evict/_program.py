@@ -21,7 +21,7 @@ from ._errors import ConfigError, L2EvictError
 from ._lifecycle import PROCESS
 from ._log import say
 from ._report import ReclaimReport
-from ._runtime import MAX_L2_BYTES, MAX_RACE_JOBS, _whole
+from ._runtime import MAX_L2_BYTES, MAX_RACE_JOBS, whole_number
 from ._settings import SECTION, settings_from_section
 from ._text import described_value
 
@@ -104,14 +104,14 @@ def _argument_problem(
             f"{what}, and no device was given; nothing changed; fix: pass {{name: tensor}} "
             "for the tensors that stay resident, or device="
         )
-    jobs = _whole(race_jobs)
+    jobs = whole_number(race_jobs)
     if jobs is None or not 0 <= jobs <= MAX_RACE_JOBS:
         return (
             f"race_jobs = {described_value(race_jobs, 80)}; nothing changed; fix: pass "
             "race_jobs=, how many b12x race jobs the program holds at once (a whole number "
             f"in 0..{MAX_RACE_JOBS})"
         )
-    size = None if l2 is None else _whole(l2)
+    size = None if l2 is None else whole_number(l2)
     if l2 is not None and (size is None or not 0 < size <= MAX_L2_BYTES):
         return (
             f"l2_cache_bytes = {described_value(l2, 80)}; nothing changed; fix: pass None "

@@ -112,7 +112,7 @@ def snapshot(runtime: object) -> Snapshot:
     return Snapshot(values, errors, add)
 
 
-def _whole(value: object) -> int | None:
+def whole_number(value: object) -> int | None:
     try:  # isinstance itself reads __class__, which a host's object may make raise
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             return None
@@ -147,8 +147,8 @@ def placement(seen: Snapshot) -> Placement:
 def _placement(seen: Snapshot) -> Placement:
     raw_device = seen.values["device"]
     device = _device(raw_device)
-    rank = _whole(seen.values["rank"]) if "rank" not in seen.errors else None
-    world = _whole(seen.values["world_size"]) if "world_size" not in seen.errors else None
+    rank = whole_number(seen.values["rank"]) if "rank" not in seen.errors else None
+    world = whole_number(seen.values["world_size"]) if "world_size" not in seen.errors else None
     if seen.values["rank"] is _MISSING and "rank" not in seen.errors:
         rank = 0
     if seen.values["world_size"] is _MISSING and "world_size" not in seen.errors:
@@ -198,7 +198,7 @@ def read_runtime(runtime: object | Snapshot) -> RuntimeFacts:
         config = {}
     if not isinstance(config, Mapping):
         raise seen.bad("config", "the deployment config as a mapping")
-    jobs = _whole(seen.value("race_jobs"))
+    jobs = whole_number(seen.value("race_jobs"))
     if jobs is None or not 0 <= jobs <= MAX_RACE_JOBS:
         raise seen.bad("race_jobs", f"a whole number in 0..{MAX_RACE_JOBS}")
     l2 = seen.l2_cache_bytes(device)
@@ -248,10 +248,10 @@ class _Reading:
 
     def topology(self) -> tuple[int, int, object]:
         """``(rank, world_size, process_group)``, the group checked against both."""
-        world = _whole(self.value("world_size"))
+        world = whole_number(self.value("world_size"))
         if world is None or world < 1:
             raise self.bad("world_size", "a whole number >= 1")
-        rank = _whole(self.value("rank"))
+        rank = whole_number(self.value("rank"))
         if rank is None or not 0 <= rank < world:
             raise self.bad("rank", f"a whole number in 0..{world - 1} (below world_size {world})")
         group = self.value("process_group")
@@ -263,7 +263,7 @@ class _Reading:
 
     def l2_cache_bytes(self, device: torch.device) -> int | None:
         l2_value = self.value("l2_cache_bytes")
-        l2 = None if l2_value is None else _whole(l2_value)
+        l2 = None if l2_value is None else whole_number(l2_value)
         if l2_value is not None and (l2 is None or not 0 < l2 <= MAX_L2_BYTES):
             raise self.bad(
                 "l2_cache_bytes", f"None or a whole number of bytes in 1..{MAX_L2_BYTES:,}"
