@@ -105,7 +105,8 @@ class WeightEviction:
       storage still has the address and at least the bytes it had at the hook,
       and that each host tensor a piece was chosen through still starts where
       it did. A storage freed, grown or moved (``resize_``, ``share_memory_``)
-      or a tensor re-pointed (``set_``, ``param.data = ...``, an offload) makes
+      or a tensor re-pointed (``set_``, ``param.data = ...``, an offload), or a
+      storage that nothing but this object still holds (:meth:`unheld`), makes
       this and every later call run ``fallback`` instead: stock b12x's own
       eviction, allocated then, with one WARNING line; :attr:`fell_back_reason`
       says why, for the audit. A call after :meth:`release` does the same.
@@ -126,7 +127,7 @@ class WeightEviction:
         self._views: list[torch.Tensor] = []  # 1-d float32, one per piece, as read
         self._reads: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, its output)
         # Each storage read, once: this list is the object's only reference to it, so
-        # unheld() can tell a holder of the host's from its own (see _held_elsewhere).
+        # unheld() can tell a holder of the host's from its own (see _unheld_slot).
         self._storages: list[torch.UntypedStorage] = []
         self._slots: dict[int, int] = {}  # id(storage) -> its index in _storages
         self._ours: list[int] = []  # per storage: holders of its memory that are this object's

@@ -59,16 +59,16 @@ class _ProgramRuntime:
         return self.tensors
 
 
+_NONE = object()
+
+
 def _device_of(tensors: object) -> object:
-    """The device of the first tensor (the runtime names what is wrong when there is none)."""
+    """The device of the first tensor (``None``: :func:`_argument_problem` names why)."""
+    first = _first_value(tensors)
     try:
-        first = next(iter(tensors.values()))  # type: ignore[attr-defined]
-        return first.device
+        return None if first is _NONE else first.device  # type: ignore[attr-defined]
     except Exception:
         return None
-
-
-_NONE = object()
 
 
 def _first_value(tensors: object) -> object:
