@@ -2,7 +2,7 @@
 
 The choice runs once per process at start-up: the first column is the first
 call in a fresh interpreter (median of 5 processes, and their range), the
-second the warm calls after it. See ``flare_l2evict.tools.bench._synthetic``
+second the warm calls after it. See ``benchmarks.bench._synthetic``
 for the checkpoint's shape. Prints figures; asserts nothing about time.
 
 ``--hostile`` times what a hostile host can hand the choice instead (issue 21):
@@ -11,7 +11,7 @@ for the checkpoint's shape. Prints figures; asserts nothing about time.
 storages in reverse order (torch-free, as ``plan`` passes them), and the
 eviction's per-read check that its pieces are still in place.
 
-    python benchmarks/choose_weights.py [--hostile]
+    python -m benchmarks.choose_weights [--hostile]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from flare_l2evict.tools.bench import first_call_times
+from benchmarks.bench import first_call_times
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ eviction with each of its kernels (the Triton read, torch's row reduction):
 time per call against a 1 GiB read measured in the same run, and the coldness
 of L2-resident probes (1/8 and 1/2 of L2) right after each.
 
-    python benchmarks/eviction_kernels.py
+    python -m benchmarks.eviction_kernels
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import torch
 
+from benchmarks.bench import Probe, compare, time_call
 from flare_l2evict._eviction import WeightEviction
 from flare_l2evict._seam_table import stock_row
 from flare_l2evict._weights import choose_weights
-from flare_l2evict.tools.bench import Probe, compare, time_call
 
 
 def main() -> None:

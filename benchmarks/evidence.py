@@ -1,6 +1,6 @@
 """Issue 17's GPU evidence apart from the full bench: hook cost, Triton's start, coldness runs.
 
-    python benchmarks/evidence.py --out DIR [--hook] [--coldness N] [--ncu N]
+    python -m benchmarks.evidence --out DIR [--hook] [--coldness N] [--ncu N]
 
 * ``--hook``: ``before_first_capture`` in 3 fresh processes for each of: host
   with / without a Triton kernel already run, Triton cache empty / warm; then
@@ -21,8 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from flare_l2evict.tools.bench import _coldness
-from flare_l2evict.tools.bench._hook_cost import (
+from benchmarks.bench import _coldness
+from benchmarks.bench._hook_cost import (
     hook_lines,
     hook_times,
     triton_lines,

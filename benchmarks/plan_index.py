@@ -3,7 +3,7 @@
 The synthetic checkpoint has real safetensors headers and sparse data, so it
 takes no disk. Prints the plan and the time; asserts nothing about time.
 
-    python benchmarks/plan_index.py [--tp 4]
+    python -m benchmarks.plan_index [--tp 4]
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ check=${PIPESTATUS[0]}
 bench=0
 if [[ " $* " == *" --bench "* ]]; then
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
-    python3 -m flare_l2evict bench --device cuda:0 --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 \
+    python3 -m benchmarks.bench --device cuda:0 --out "$OUT/bench" ${BENCH_ARGS:-} 2>&1 \
         | tee "$OUT/bench.log"
     bench=${PIPESTATUS[0]}
 fi

@@ -1,21 +1,29 @@
-"""The bench's arithmetic and tables, on a CPU, from made-up raw figures.
+"""The bench's arithmetic and tables, on a CPU, from made-up raw figures; and its command line.
 
 The GPU measures; what is judged from the measurements (coldness normalised
 per repeat, the verdict against the spread, ncu's CSV, the tables) is plain
-Python and is checked here with figures whose answers are known.
+Python and is checked here with figures whose answers are known. The bench
+runs from a checkout as ``python -m benchmarks.bench`` (it is not in the wheel).
 """
 
 # ruff: noqa: E501  (ncu's CSV lines, kept as ncu writes them)
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from flare_l2evict.tools.bench import _coldness
-from flare_l2evict.tools.bench._hook_cost import hook_lines, hook_times, triton_lines
-from flare_l2evict.tools.bench._run import judge_coldness, summary_table
+from benchmarks.bench import _coldness
+from benchmarks.bench._command import main
+from benchmarks.bench._hook_cost import hook_lines, hook_times, triton_lines
+from benchmarks.bench._run import judge_coldness, summary_table
+
+ROOT = Path(__file__).resolve().parents[1]
 
 NCU_CSV = """==PROF== Connected to process 4242 (/usr/bin/python3.12)
 ==PROF== Profiling "flare_probe": 0%....50%....100% - 1 pass
@@ -233,7 +241,7 @@ def test_ncu_counts_equal_to_a_few_hundred_bytes_are_as_cold() -> None:
 
 
 def test_races_only_summary_reports_every_repeat() -> None:
-    from flare_l2evict.tools.bench._run import race_summary
+    from benchmarks.bench._run import race_summary
 
     stock, warm_pick = (10.0, 20.0), (30.0, 15.0)  # warm, candidate 1 wins: 20 under stock's
     misses = [{0}, set(), {0}]  # per repeat, the races where no eviction picks candidate 1
@@ -266,13 +274,11 @@ def test_races_only_summary_reports_every_repeat() -> None:
 def test_bench_runs_only_the_races_it_is_asked_for(
     tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``bench --only races`` on a GPU: two races, one repeat, and no other section."""
+    """``--only races`` on a GPU: two races, one repeat, and no other section."""
     import json
 
-    from flare_l2evict.tools._cli import main
-
     out = tmp_path / "bench"
-    argv = ["bench", "--only", "races", "--races", "2", "--repeats", "1", "--out", str(out)]
+    argv = ["--only", "races", "--races", "2", "--repeats", "1", "--out", str(out)]
     assert main(argv) == 0
     printed, log = capsys.readouterr()
     print(printed)
@@ -284,3 +290,55 @@ def test_bench_runs_only_the_races_it_is_asked_for(
     assert result["sections"] == ["races"] and set(result["seconds"]) == {"races"}
     assert len(result["races"]["races"]) == 2
     assert not {"memory", "cost", "coldness", "hook_cost"} & set(result)
+
+
+def test_bench_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code = main([])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(
+        "error: python -m benchmarks.bench: needs a CUDA device (no --device given, and the "
+        "default cuda:0 is not available: no CUDA here); fix: run it on a GPU machine"
+    )
+    code = main(["--device", "cuda:0"])
+    err = capsys.readouterr().err
+    assert code == 2 and "(--device cuda:0 given, but CUDA is not available here)" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "cause"),
+    [
+        (["--only", "everything"], "argument --only: invalid choice: 'everything'"),
+        (["--races", "37"], "argument --races: '37' must be between 1 and 36"),
+        (["--repeats", "x"], "argument --repeats: 'x' is not a whole number"),
+        (["--device", "gpu0"], "argument --device: 'gpu0' is not a device"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bench_usage_errors_are_one_line_with_the_fix_and_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], cause: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == ""
+    assert err.startswith(f"error: python -m benchmarks.bench: {cause}")
+    assert err.endswith("; fix: see python -m benchmarks.bench --help\n")
+    assert err.count("\n") == 1 and "usage:" not in err
+
+
+def test_bench_runs_from_the_checkout_with_argparse_help() -> None:
+    """As BENCHMARKS.md and scripts/gpu_suite.sh run it: ``python -m`` from the root."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.startswith("usage: python -m benchmarks.bench") and "options:" in done.stdout
+    for flag in ("--device", "--out", "--repetitions", "--races", "--repeats", "--only", "--json"):
+        assert flag in done.stdout

@@ -25,13 +25,13 @@ import torch
 from figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
 
 import flare_l2evict
+from benchmarks.bench import Probe, compare
+from benchmarks.bench._probe import spacer
 from flare_l2evict._credit import READ_KERNEL_BYTES
 from flare_l2evict._eviction import Kernel, WeightEviction
 from flare_l2evict._install import install
 from flare_l2evict._weights import choose_weights
 from flare_l2evict._window import stock_window_bytes
-from flare_l2evict.tools.bench import Probe, compare
-from flare_l2evict.tools.bench._probe import spacer
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, example_tensors
 
 pytestmark = pytest.mark.gpu

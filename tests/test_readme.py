@@ -23,6 +23,7 @@ one that command wrote.
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 import subprocess
@@ -267,7 +268,7 @@ def test_the_readme_snippet_logs_what_it_shows_once_and_never_advises_zero_jobs(
     assert "must route that logger at INFO" in README.read_text(encoding="utf-8")
 
 
-_ERROR = re.compile(r"^error: flare-l2evict (startup|plan|check|bench|example): .+; fix: .+\n$")
+_ERROR = re.compile(r"^error: flare-l2evict (startup|plan|check|example): .+; fix: .+\n$")
 
 
 @pytest.mark.parametrize(
@@ -307,23 +308,35 @@ def _usage_flags(text: str) -> set[str]:
     return {" ".join(flag).strip() for flag in re.findall(r"(--[\w-]+)(?: ([^\]\s`]+))?", text)}
 
 
-@pytest.mark.parametrize("name", ["startup", "plan", "check", "bench", "example"])
-def test_readme_flags_are_the_help_flags(name: str) -> None:
-    import argparse
-
-    from flare_l2evict.tools._cli import _parser
-
-    text = README.read_text(encoding="utf-8")
-    found = re.findall(rf"`flare-l2evict {name} ((?:--out DIR ?)?(?:\[[^`]*)?)`", text)
-    (usage,) = [line for line in found if line]
-    parser = _parser().commands[name]
+def _help_flags(parser: argparse.ArgumentParser) -> set[str]:
     flags = set()
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction) or not action.option_strings:
             continue
         metavar = "" if action.nargs == 0 else (action.metavar or action.dest.upper())
         flags.add(f"{action.option_strings[-1]} {metavar}".strip())
-    assert _usage_flags(usage) == flags
+    return flags
+
+
+def _readme_usage(command: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    found: list[str] = re.findall(rf"`{re.escape(command)} ((?:--out DIR ?)?(?:\[[^`]*)?)`", text)
+    (usage,) = [line for line in found if line]
+    return usage
+
+
+@pytest.mark.parametrize("name", ["startup", "plan", "check", "example"])
+def test_readme_flags_are_the_help_flags(name: str) -> None:
+    from flare_l2evict.tools._cli import _parser
+
+    usage = _readme_usage(f"flare-l2evict {name}")
+    assert _usage_flags(usage) == _help_flags(_parser().commands[name])
+
+
+def test_readme_bench_flags_are_the_bench_help_flags() -> None:
+    from benchmarks.bench._command import PROG, parser
+
+    assert _usage_flags(_readme_usage(PROG)) == _help_flags(parser())
 
 
 def test_every_python_snippet_runs(tmp_path: Path) -> None:

@@ -1,13 +1,14 @@
 """Tools around the runtime: never imported by the plugin a server loads.
 
 The CLI (``flare-l2evict``), the preflight check, the offline plan and its
-safetensors header reader, the reference host (a test and demo harness, not a
-server) and the GPU bench live here. The runtime modules beside this package
+safetensors header reader and the reference host (a test and demo harness, not
+a server) live here. The GPU bench is not in the wheel: it is the checkout's
+``benchmarks/bench``. The runtime modules beside this package
 (``flare_l2evict._*``, :mod:`flare_l2evict.plugin`, :mod:`flare_l2evict.hookspecs`)
 import nothing from it.
 
-Public entry points: :func:`main` (the ``flare-l2evict`` command, callable with
-an argument list) and :mod:`flare_l2evict.tools.bench` (the measurements).
+Public entry point: :func:`main` (the ``flare-l2evict`` command, callable with
+an argument list).
 """
 
 from __future__ import annotations

@@ -37,9 +37,6 @@ LIMITS = {
     "--memory-gib": 4096,
     "--kv-bytes-per-token": 1 << 24,
     "--tp": 1024,
-    "--repetitions": 100_000,
-    "--races": 36,
-    "--repeats": 20,
     # A dim beyond a tensor's rank replicates it; no checkpoint has 64 dims.
     "--split-dim": 64,
 }
@@ -171,9 +168,7 @@ def _profile(args: argparse.Namespace) -> DeviceProfile:
 
 
 _CONFIG_HELP = "deployment config (.toml, .yaml, .json)"
-COMMANDS = ("startup", "plan", "check", "bench", "example")
-BENCH_SECTIONS = ("memory", "cost", "coldness", "races", "hook")
-"""``bench --only``'s sections (BENCHMARKS.md numbers them 1, 3, 2 and 5, 4 and 7, 6)."""
+COMMANDS = ("startup", "plan", "check", "example")
 
 
 def _own_version() -> str:
@@ -282,45 +277,6 @@ def _parser() -> _Parser:
     check.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
     _add_profile_flags(check)
     check.add_argument("--json", action="store_true", help="print one JSON object of every figure")
-
-    bench = commands.add_parser(
-        "bench",
-        help="on a GPU: stock b12x eviction vs the plugin's (memory, efficacy, cost, races)",
-    )
-    bench.add_argument("--device", type=_device_text, metavar="cuda:N", help="(default cuda:0)")
-    bench.add_argument(
-        "--out",
-        type=Path,
-        default=Path("bench-out"),
-        metavar="DIR",
-        help="where bench.json and efficacy.png go (default bench-out)",
-    )
-    bench.add_argument(
-        "--repetitions",
-        type=_bounded("--repetitions"),
-        default=240,
-        metavar="R",
-        help="probe samples per point and repeat",
-    )
-    bench.add_argument(
-        "--races", type=_bounded("--races"), default=36, metavar="N", help="races (at most 36)"
-    )
-    bench.add_argument(
-        "--repeats",
-        type=_bounded("--repeats"),
-        default=3,
-        metavar="K",
-        help="interleaved repeats of each figure (the spread is their range)",
-    )
-    bench.add_argument(
-        "--only",
-        action="append",
-        choices=BENCH_SECTIONS,
-        metavar="SECTION",
-        help=f"run only this section (repeatable; one of {', '.join(BENCH_SECTIONS)}; "
-        "default: all)",
-    )
-    bench.add_argument("--json", action="store_true", help="print the full JSON instead of a table")
 
     example = commands.add_parser(
         "example",
@@ -550,42 +506,6 @@ def plan_table(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _bench(args: argparse.Namespace) -> int:
-    import torch
-
-    given = args.device is not None
-    args.device = args.device or "cuda:0"
-    if not args.device.startswith("cuda") or not torch.cuda.is_available():
-        if not given:
-            why = "no --device given, and the default cuda:0 is not available: no CUDA here"
-        elif args.device.startswith("cuda"):
-            why = f"--device {args.device} given, but CUDA is not available here"
-        else:
-            why = f"--device {args.device} given"
-        raise L2EvictError(f"needs a CUDA device ({why}); fix: run it on a GPU machine")
-    device = _device(args.device)
-    from .bench._run import run_bench, summary_table
-
-    result = run_bench(
-        device,
-        args.out,
-        repetitions=args.repetitions,
-        races=args.races,
-        repeats=args.repeats,
-        sections=frozenset(args.only or BENCH_SECTIONS),
-        log=lambda line: print(line, file=sys.stderr),
-    )
-    if args.json:
-        print(json.dumps(result, indent=2, default=str))
-    else:
-        plot = result["plot"] or (
-            "no matplotlib" if "coldness" in result else "none (no coldness section)"
-        )
-        print(f"full figures: {args.out / 'bench.json'}; plot: {plot}")
-        print(summary_table(result))
-    return 0
-
-
 def _example(args: argparse.Namespace) -> int:
     from .._window import stock_window_bytes
     from ._example import write_example
@@ -714,7 +634,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {
         "startup": _startup,
         "plan": _plan,
-        "bench": _bench,
         "check": _check,
         "example": _example,
     }

@@ -1,4 +1,4 @@
-"""``flare-l2evict bench``: stock b12x eviction and the plugin's, side by side on one GPU.
+"""``python -m benchmarks.bench``: stock b12x eviction and the plugin's, side by side on one GPU.
 
 Sections (numbered as in BENCHMARKS.md): 1 memory per race job, 2 coldness
 (timed, and counted by Nsight Compute where it is installed; each in fresh
@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 
-from ..._eviction import Kernel, WeightEviction
-from ..._install import install, restore
-from ..._seam_table import stock_row
-from ..._weights import WeightChoice, choose_weights
-from ..._window import stock_window_bytes
+from flare_l2evict._eviction import Kernel, WeightEviction
+from flare_l2evict._install import install, restore
+from flare_l2evict._seam_table import stock_row
+from flare_l2evict._weights import WeightChoice, choose_weights
+from flare_l2evict._window import stock_window_bytes
+
 from . import _coldness
 from ._hook_cost import first_call_times, hook_lines, hook_times, triton_lines, triton_start_times
 from ._probe import time_call
@@ -182,7 +183,8 @@ def _races(
     The ways rotate between repeats so that drift is shared. Regret is what a
     way's winner costs under stock's timings of the same repeat.
     """
-    from ..reference_host import cute_guard, run_race
+    from flare_l2evict.tools.reference_host import cute_guard, run_race
+
     from ._triton_gemm import SHAPES, gemm_race
 
     calls_seen = [0]

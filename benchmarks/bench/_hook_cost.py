@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._child import child_env
+
 CASES: tuple[tuple[int, bool], ...] = (
     (1_000, False),
     (10_000, False),
@@ -40,7 +42,7 @@ def _window(fused: bool) -> int:
 _FIRST_CALL = """
 import json, sys, time
 from flare_l2evict._weights import choose_weights
-from flare_l2evict.tools.bench import synthetic_checkpoint
+from benchmarks.bench import synthetic_checkpoint
 count, fused, window = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
 tensors = synthetic_checkpoint(count, fused_largest=fused)
 times = []
@@ -63,6 +65,7 @@ def first_call_times(processes: int = 5) -> list[dict[str, Any]]:
             arguments = [str(count), str(int(fused)), str(_window(fused))]
             done = subprocess.run(
                 [sys.executable, "-c", _FIRST_CALL, *arguments],
+                env=child_env(),
                 check=True,
                 capture_output=True,
                 text=True,

@@ -1,6 +1,7 @@
-"""Measurements behind ``flare-l2evict bench`` and the GPU tests.
+"""Measurements behind ``python -m benchmarks.bench`` and the GPU tests.
 
-Figures only: nothing here asserts a timing.
+Figures only: nothing here asserts a timing. It lives in the checkout, not in
+the wheel: a server's image carries the plugin and the operator's tools only.
 """
 
 from ._hook_cost import first_call_times

@@ -1,6 +1,6 @@
 """How cold an L2-resident probe is after each eviction: timed, and counted by Nsight Compute.
 
-Two measures, each in fresh processes (``python -m flare_l2evict.tools.bench._coldness``):
+Two measures, each in fresh processes (``python -m benchmarks.bench._coldness``):
 
 * **timed** (:func:`timed_run`): the probe's time after each condition,
   conditions interleaved and rotated, normalised between ``warm`` (the probe
@@ -47,7 +47,9 @@ from typing import Any
 
 import torch
 
-from ..._seam_table import stock_seam
+from flare_l2evict._seam_table import stock_seam
+
+from ._child import child_env
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -178,8 +180,8 @@ def _stock_default(device: torch.device, window: int) -> Callable[[], None]:
 
 def plugin_at(weights: torch.Tensor, nbytes: int, kernel: str) -> Callable[[], None]:
     """The plugin's eviction over ``nbytes`` of ``weights`` with the named read kernel."""
-    from ..._eviction import WeightEviction
-    from ..._weights import choose_weights
+    from flare_l2evict._eviction import WeightEviction
+    from flare_l2evict._weights import choose_weights
 
     eviction = WeightEviction(
         choose_weights({"weights": weights}, weights.device, nbytes),
@@ -252,7 +254,7 @@ def conditions(
 
 
 def _setup(device: torch.device) -> tuple[int, int, torch.Tensor]:
-    from ..._window import stock_window_bytes
+    from flare_l2evict._window import stock_window_bytes
 
     l2 = int(torch.cuda.get_device_properties(device).L2_cache_size)
     window = stock_window_bytes(l2)
@@ -372,13 +374,18 @@ def ncu_run(
         "--kernel-name", "regex:^flare_probe",
         "--csv", "--page", "raw", "--print-units", "base",
         "--log-file", str(log),
-        sys.executable, "-m", "flare_l2evict.tools.bench._coldness", "ncu-target",
+        sys.executable, "-m", "benchmarks.bench._coldness", "ncu-target",
         "--labels", str(labels), "--repeats", str(repeats),
         *(["--why"] if why else []),
     ]  # fmt: skip
     # Its own session, so that a timeout ends the profiled program too, not only ncu.
     with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+        start_new_session=True,
     ) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout)
@@ -490,13 +497,15 @@ def timed_in_processes(
     for index in range(processes):
         path = out_dir / f"coldness-timed-{index + 1}.json"
         command = [
-            sys.executable, "-m", "flare_l2evict.tools.bench._coldness", "timed",
+            sys.executable, "-m", "benchmarks.bench._coldness", "timed",
             "--out", str(path), "--methods", ",".join(methods),
             "--grid", ",".join(map(str, grid)), "--repeats", str(repeats),
             "--repetitions", str(repetitions), "--rounds", str(rounds),
             *(["--why"] if why else []),
         ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=child_env(), timeout=timeout
+        )
         if done.returncode != 0:
             runs.append({"error": f"exit {done.returncode}: {done.stderr[-2000:]}"})
         else:
@@ -658,7 +667,7 @@ def ncu_lines(results: Sequence[dict[str, Any]], names: Sequence[str] = CLAIM) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flare_l2evict.tools.bench._coldness")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench._coldness")
     sub = parser.add_subparsers(dest="command", required=True)
     timed = sub.add_parser("timed", help="one process's timed coldness, as JSON")
     timed.add_argument("--out", type=Path, required=True)

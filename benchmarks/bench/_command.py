@@ -1,0 +1,188 @@
+"""``python -m benchmarks.bench``: the GPU bench's command line, run from a checkout.
+
+The options and the output are those of the bench when it was ``flare-l2evict
+bench``; only the command's name changed (the wheel no longer holds the bench).
+Errors keep the CLI's shape: one line, ``error: python -m benchmarks.bench:
+<cause>; fix: <fix>``, exit 2; ``--help`` is argparse's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from flare_l2evict._errors import L2EvictError
+from flare_l2evict._text import one_line, shown
+
+PROG = "python -m benchmarks.bench"
+SECTIONS = ("memory", "cost", "coldness", "races", "hook")
+"""``--only``'s sections (BENCHMARKS.md numbers them 1, 3, 2 and 5, 4 and 7, 6)."""
+LIMITS = {"--repetitions": 100_000, "--races": 36, "--repeats": 20}
+"""Upper bounds that refuse a typo before it costs hours of device time."""
+_FIX = "; fix: "
+_WHOLE = re.compile(r"^\s*[+-]?\d+\s*$")
+_DEVICE = re.compile(r"^(cpu|cuda(:\d{1,3})?)$")
+
+
+def error_line(cause: str, fix: str | None = None) -> str:
+    """One line of <= 1 KB; a cause carrying its own ``; fix: ...`` keeps it, else ``fix``."""
+    cause, found, own_fix = cause.partition(_FIX)
+    fix = own_fix if found else (fix or f"see {PROG} --help")
+    return one_line(f"error: {PROG}: {shown(cause, 600)}{_FIX}{shown(fix, 300)}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one bounded line naming cause and fix, and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, error_line(message) + "\n")
+
+
+def _bounded(flag: str) -> Any:
+    limit = LIMITS[flag]
+
+    def parse(text: str) -> int:
+        # 30 characters hold any number in range; int() of a longer one only costs time.
+        try:
+            value = int(text) if len(text) <= 30 else None
+        except ValueError:
+            value = None
+        if value is None and not _WHOLE.match(text):
+            raise argparse.ArgumentTypeError(f"'{shown(text, 40)}' is not a whole number")
+        if value is None or not 1 <= value <= limit:
+            raise argparse.ArgumentTypeError(f"'{shown(text, 40)}' must be between 1 and {limit:,}")
+        return value
+
+    return parse
+
+
+def _device_text(text: str) -> str:
+    if not _DEVICE.match(text):
+        raise argparse.ArgumentTypeError(
+            f"'{shown(text, 40)}' is not a device; use cpu, cuda or cuda:N"
+        )
+    return text
+
+
+def parser() -> argparse.ArgumentParser:
+    """The bench's parser (torch-free: ``--help`` and usage errors import no torch)."""
+    bench = _Parser(
+        prog=PROG,
+        description="on a GPU: stock b12x eviction vs the plugin's (memory, efficacy, cost, races)",
+    )
+    bench.add_argument("--device", type=_device_text, metavar="cuda:N", help="(default cuda:0)")
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-out"),
+        metavar="DIR",
+        help="where bench.json and efficacy.png go (default bench-out)",
+    )
+    bench.add_argument(
+        "--repetitions",
+        type=_bounded("--repetitions"),
+        default=240,
+        metavar="R",
+        help="probe samples per point and repeat",
+    )
+    bench.add_argument(
+        "--races", type=_bounded("--races"), default=36, metavar="N", help="races (at most 36)"
+    )
+    bench.add_argument(
+        "--repeats",
+        type=_bounded("--repeats"),
+        default=3,
+        metavar="K",
+        help="interleaved repeats of each figure (the spread is their range)",
+    )
+    bench.add_argument(
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        metavar="SECTION",
+        help=f"run only this section (repeatable; one of {', '.join(SECTIONS)}; default: all)",
+    )
+    bench.add_argument("--json", action="store_true", help="print the full JSON instead of a table")
+    return bench
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import torch
+
+    given = args.device is not None
+    args.device = args.device or "cuda:0"
+    if not args.device.startswith("cuda") or not torch.cuda.is_available():
+        if not given:
+            why = "no --device given, and the default cuda:0 is not available: no CUDA here"
+        elif args.device.startswith("cuda"):
+            why = f"--device {args.device} given, but CUDA is not available here"
+        else:
+            why = f"--device {args.device} given"
+        raise L2EvictError(f"needs a CUDA device ({why}); fix: run it on a GPU machine")
+    device = torch.device(args.device)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise L2EvictError(
+            f"--device {args.device}: this machine has {torch.cuda.device_count()} CUDA "
+            f"devices; fix: --device cuda:0..{torch.cuda.device_count() - 1}"
+        )
+    from ._run import run_bench, summary_table
+
+    result = run_bench(
+        device,
+        args.out,
+        repetitions=args.repetitions,
+        races=args.races,
+        repeats=args.repeats,
+        sections=frozenset(args.only or SECTIONS),
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        plot = result["plot"] or (
+            "no matplotlib" if "coldness" in result else "none (no coldness section)"
+        )
+        print(f"full figures: {args.out / 'bench.json'}; plot: {plot}")
+        print(summary_table(result))
+    return 0
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C, so a child's temporary files are removed on the way out.
+    raise KeyboardInterrupt(signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the bench with ``argv`` (default ``sys.argv[1:]``); returns its exit code."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _bench(args)
+    except L2EvictError as error:
+        print(error_line(str(error)), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            error_line("interrupted; temporary files removed", "run the command again"),
+            file=sys.stderr,
+        )
+        return 130
+    except OSError as error:
+        print(
+            error_line(
+                f"{error.strerror or error} ({shown(str(error.filename or 'no file'))})",
+                "check the path and its permissions",
+            ),
+            file=sys.stderr,
+        )
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
