@@ -2,7 +2,7 @@
 
 ``flare_l2evict/tools/b12x_releases.json`` is the one table: a row per published release
 of ``b12x`` and of ``flashinfer-python`` (pre-releases included) from the
-oldest row on, with its verdict. The README's table is rendered from it, and
+oldest row on, with its verdict. The table in docs/b12x.md is rendered from it, and
 ``flare-l2evict check`` says whether the b12x it finds has a row (the table
 ships in the package for that).
 
@@ -13,8 +13,8 @@ back" with the plugin's own one-line reason.
 
     python scripts/b12x_releases.py --discover     # every release on the registry has a row
     python scripts/b12x_releases.py --check        # every row still judges the same
-    python scripts/b12x_releases.py --judge flashinfer-python==0.7.5 --write  # + README
-    python scripts/b12x_releases.py --readme       # the README's table
+    python scripts/b12x_releases.py --judge flashinfer-python==0.7.5 --write  # + docs/b12x.md
+    python scripts/b12x_releases.py --readme       # docs/b12x.md's table
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ PACKAGES = ("b12x", "flashinfer-python")
 """The distributions that ship b12x."""
 TABLE = Path(__file__).resolve().parents[1] / "flare_l2evict" / "tools" / "b12x_releases.json"
 SCRIPT = "scripts/b12x_releases.py"
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "b12x.md"
+"""The page that holds the rendered table (the flags keep their first name, ``--readme``)."""
 README_START = "<!-- b12x-releases: rendered by scripts/b12x_releases.py --readme -->"
 README_END = "<!-- b12x-releases: end -->"
 
@@ -175,7 +176,7 @@ def unjudged(table: dict[str, Verdict], list_versions: ListVersions) -> list[str
 
 
 def render_readme(table: dict[str, Verdict]) -> str:
-    """The README's table: one line per run of releases that judge alike, oldest first."""
+    """The rendered table: one line per run of releases that judge alike, oldest first."""
     groups: list[tuple[str, list[str], str, str]] = []
     for release in sorted(table, key=_key):
         name, version = _split(release)
@@ -194,7 +195,7 @@ def render_readme(table: dict[str, Verdict]) -> str:
 
 
 def readme_table(readme: str) -> str:
-    """The rendered table as the README holds it (between its two markers)."""
+    """The rendered table as its page holds it (between its two markers)."""
     start, end = readme.index(README_START), readme.index(README_END)
     return readme[start : end + len(README_END)]
 
@@ -207,7 +208,7 @@ def main(argv: Sequence[str] | None = None, list_versions: ListVersions = regist
     parser.add_argument("--check", action="store_true", help="judge every row again and compare")
     parser.add_argument("--judge", action="append", default=[], metavar="NAME==VERSION")
     parser.add_argument("--write", action="store_true", help="write the judged rows to the table")
-    parser.add_argument("--readme", action="store_true", help="print the README's table")
+    parser.add_argument("--readme", action="store_true", help="print the table docs/b12x.md holds")
     parser.add_argument("--table", type=Path, default=TABLE, help=argparse.SUPPRESS)
     parser.add_argument("--readme-path", type=Path, default=README, help=argparse.SUPPRESS)
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "b12x-wheels")
@@ -240,7 +241,7 @@ def main(argv: Sequence[str] | None = None, list_versions: ListVersions = regist
         write_table(table, args.table)
         readme = args.readme_path.read_text()
         args.readme_path.write_text(readme.replace(readme_table(readme), render_readme(table)))
-        print(f"wrote {len(results)} rows to {args.table} and the README's table")
+        print(f"wrote {len(results)} rows to {args.table} and {args.readme_path.name}'s table")
     if args.check:
         failed += [r for r in results if results[r] != table.get(r)]
     if failed:

@@ -1,4 +1,9 @@
-"""The README runs: every Python snippet, every CPU command, every config, and the output it shows.
+"""The README and docs/ run: every Python snippet, every CPU command, every config, and the output
+they show.
+
+The pages are read in one fixed order, the README first, then ``docs/*.md`` by
+name (:func:`pages`); their commands run in that order, and every failure names
+the page and line (``docs/planning.md:42``).
 
 Fenced blocks are read by their info string:
 
@@ -17,8 +22,8 @@ Fenced blocks are read by their info string:
 - ``text stderr``: the whole stderr of the ``python`` snippet before it.
 
 Commands run in an empty directory where the README's own
-``flare-l2evict example --out example`` ran first: every file they name is
-one that command wrote.
+``flare-l2evict example --out example`` (its set-up section) ran first: every
+file they name, in the README or in docs/, is one that command wrote.
 """
 
 from __future__ import annotations
@@ -37,9 +42,22 @@ import pytest
 from flare_l2evict._settings import settings_from_config
 from flare_l2evict.tools._cli import main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-CI = Path(__file__).resolve().parents[1] / ".ci" / "run"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+CI = ROOT / ".ci" / "run"
+README_MAX_LINES = 350
 _FENCE = re.compile(r"^```([a-z]+)(?: ([a-z]+))?\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def pages() -> list[Path]:
+    """The README first, then every ``docs/*.md`` by name: the order their commands run in."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def page_name(path: Path) -> str:
+    """How failures name a page: its path from the repository's root."""
+    return path.relative_to(ROOT).as_posix()
 
 
 @dataclass(frozen=True)
@@ -48,14 +66,31 @@ class Block:
     tag: str
     text: str
     line: int
+    page: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def page_blocks(path: Path) -> list[Block]:
+    """Every fenced block of one page, in order."""
+    text = path.read_text(encoding="utf-8")
+    return [
+        Block(
+            m.group(1),
+            m.group(2) or "",
+            m.group(3),
+            text.count("\n", 0, m.start()) + 1,
+            page_name(path),
+        )
+        for m in _FENCE.finditer(text)
+    ]
 
 
 def blocks(language: str, tag: str = "") -> list[Block]:
-    text = README.read_text(encoding="utf-8")
-    found = [
-        Block(m.group(1), m.group(2) or "", m.group(3), text.count("\n", 0, m.start()) + 1)
-        for m in _FENCE.finditer(text)
-    ]
+    """The blocks of one kind, over every page in :func:`pages` order."""
+    found = [block for path in pages() for block in page_blocks(path)]
     return [b for b in found if b.language == language and b.tag == tag]
 
 
@@ -79,7 +114,7 @@ def commands(block: Block) -> Iterator[Command]:
         yield Command(
             shlex.split(line),
             int(expected.group(1)) if expected else 0,
-            f"README:{block.line + offset + 1}",
+            f"{block.page}:{block.line + offset + 1}",
         )
 
 
@@ -202,7 +237,7 @@ def test_the_setup_command_prints_its_log_lines_and_each_fact_once_per_stream() 
     assert logs
     for block in logs:
         for line in block.text.splitlines():
-            assert line in done.stderr.splitlines(), f"README:{block.line}: {line!r}"
+            assert line in done.stderr.splitlines(), f"{block.where}: {line!r}"
     # The plugin's sentences are the log's: the table on stdout does not repeat them.
     assert "flare_l2evict: reclaimed" in done.stderr and "audit: credited" in done.stderr
     assert "reclaimed 1," not in done.stdout and "audit" not in done.stdout
@@ -210,27 +245,21 @@ def test_the_setup_command_prints_its_log_lines_and_each_fact_once_per_stream() 
 
 
 def _output_blocks() -> list[tuple[Block, Command]]:
-    """Each ``text output`` block with the command whose stdout it shows."""
-    text = README.read_text(encoding="utf-8")
-    found = [
-        (
-            m.start(),
-            Block(m.group(1), m.group(2) or "", m.group(3), text.count("\n", 0, m.start()) + 1),
-        )
-        for m in _FENCE.finditer(text)
-    ]
+    """Each ``text output`` block with the command whose stdout it shows, on its own page."""
     pairs = []
-    for index, (_, block) in enumerate(found):
-        if (block.language, block.tag) != ("text", "output"):
-            continue
-        before = [b for _, b in found[:index] if (b.language, b.tag) == ("bash", "")]
-        assert before, f"README:{block.line}: no command before this output"
-        pairs.append((block, list(commands(before[-1]))[-1]))
+    for path in pages():
+        found = page_blocks(path)
+        for index, block in enumerate(found):
+            if (block.language, block.tag) != ("text", "output"):
+                continue
+            before = [b for b in found[:index] if (b.language, b.tag) == ("bash", "")]
+            assert before, f"{block.where}: no command before this output"
+            pairs.append((block, list(commands(before[-1]))[-1]))
     return pairs
 
 
 @pytest.mark.parametrize(
-    ("block", "command"), _output_blocks(), ids=lambda x: str(getattr(x, "line", ""))
+    ("block", "command"), _output_blocks(), ids=lambda x: str(getattr(x, "where", ""))
 )
 def test_shown_output_is_what_its_command_prints(
     block: Block,
@@ -245,7 +274,7 @@ def test_shown_output_is_what_its_command_prints(
         capsys.readouterr()
         assert run(command, workdir, monkeypatch) == command.exit_code, command.where
         out = capsys.readouterr().out
-    assert out == block.text, f"README:{block.line}: not what {command.where} prints"
+    assert out == block.text, f"{block.where}: not what {command.where} prints"
 
 
 def test_the_readme_snippet_logs_what_it_shows_once_and_never_advises_zero_jobs(
@@ -319,7 +348,8 @@ def _help_flags(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def _readme_usage(command: str) -> str:
-    text = README.read_text(encoding="utf-8")
+    """The one usage line shown for ``command``, in the README or in docs/."""
+    text = "\n".join(path.read_text(encoding="utf-8") for path in pages())
     found: list[str] = re.findall(rf"`{re.escape(command)} ((?:--out DIR ?)?(?:\[[^`]*)?)`", text)
     (usage,) = [line for line in found if line]
     return usage
@@ -346,7 +376,7 @@ def test_every_python_snippet_runs(tmp_path: Path) -> None:
         done = subprocess.run(
             [sys.executable, "-c", block.text], capture_output=True, text=True, cwd=tmp_path
         )
-        assert done.returncode == 0, f"README:{block.line}: {done.stderr[-2000:]}"
+        assert done.returncode == 0, f"{block.where}: {done.stderr[-2000:]}"
 
 
 def test_every_config_is_valid() -> None:
@@ -356,7 +386,7 @@ def test_every_config_is_valid() -> None:
     assert configs
     for block in configs:
         settings = settings_from_config(tomllib.loads(block.text))
-        assert settings.enabled and settings.exclude, f"README:{block.line}"
+        assert settings.enabled and settings.exclude, block.where
 
 
 def test_host_commands_name_the_plugin_and_the_wheel_setup_builds() -> None:
@@ -374,10 +404,12 @@ def test_every_block_is_of_a_known_kind() -> None:
     known = {("python", ""), ("toml", ""), ("bash", ""), ("bash", "gpu"), ("bash", "host")}
     known |= {("bash", "setup"), ("bash", "alternative")}
     known |= {("text", "output"), ("text", "log"), ("text", "stderr")}
-    text = README.read_text(encoding="utf-8")
-    seen = {(m.group(1), m.group(2) or "") for m in _FENCE.finditer(text)}
-    assert seen <= known, seen - known
-    assert text.count("```") == 2 * len(list(_FENCE.finditer(text)))  # no block unread
+    for path in pages():
+        text = path.read_text(encoding="utf-8")
+        seen = {(m.group(1), m.group(2) or "") for m in _FENCE.finditer(text)}
+        assert seen <= known, (page_name(path), seen - known)
+        # no block unread
+        assert text.count("```") == 2 * len(list(_FENCE.finditer(text))), page_name(path)
 
 
 def _anchor(heading: str) -> str:
@@ -385,11 +417,52 @@ def _anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def _anchors(path: Path) -> set[str]:
+    text = _FENCE.sub("", path.read_text(encoding="utf-8"))
+    return {_anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
+
+
 def test_every_link_to_a_section_names_a_heading() -> None:
+    every = set()
+    for path in pages():
+        links = set(re.findall(r"\]\(#([^)]+)\)", path.read_text(encoding="utf-8")))
+        assert links <= _anchors(path), (page_name(path), links - _anchors(path))
+        every |= links
+    assert every
+
+
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)")
+
+
+def test_every_relative_link_names_a_file_and_its_heading() -> None:
+    """A link to another page (``docs/planning.md``, ``../README.md#using-it-with-flare``)
+    names a file that exists and, with an anchor, a heading of that file."""
+    checked = 0
+    for path in pages():
+        text = _FENCE.sub("", path.read_text(encoding="utf-8"))
+        for target, anchor in _LINK.findall(text):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:: not a file of this repository
+                continue
+            linked = (path.parent / target).resolve()
+            assert linked.is_file(), f"{page_name(path)}: {target} is not a file"
+            if anchor:
+                assert anchor in _anchors(linked), f"{page_name(path)}: {target}#{anchor}"
+            checked += 1
+    assert checked
+
+
+def test_the_readme_is_an_operators_ten_minutes() -> None:
+    lines = README.read_text(encoding="utf-8").count("\n")
+    assert lines <= README_MAX_LINES, f"README.md: {lines} lines; move reference to docs/"
+
+
+def test_every_docs_page_is_linked_from_the_readme() -> None:
     text = README.read_text(encoding="utf-8")
-    headings = {_anchor(h) for h in re.findall(r"^#+ (.+)$", _FENCE.sub("", text), re.MULTILINE)}
-    links = set(re.findall(r"\]\(#([^)]+)\)", text))
-    assert links and links <= headings, links - headings
+    linked = {(README.parent / target).resolve() for target, _ in _LINK.findall(text)}
+    docs = sorted(DOCS.glob("*.md"))
+    assert docs, "docs/ holds no page"
+    for path in docs:
+        assert path.resolve() in linked, f"{page_name(path)}: not linked from README.md"
 
 
 def test_the_first_questions_are_answered_before_the_config() -> None:
@@ -399,7 +472,7 @@ def test_the_first_questions_are_answered_before_the_config() -> None:
     assert using < faq < text.index("[plugins.l2evict]\nenabled")
     answers = text[faq : text.index("It is on for every deployment")]
     for needed in (
-        "(#installing-into-a-server)",
+        "(docs/installing.md)",
         "runtime.race_jobs",
         "--race-jobs J",
         "enabled = false",

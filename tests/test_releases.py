@@ -1,4 +1,4 @@
-"""The release table: rendered into the README, and every registry release has a row."""
+"""The release table: rendered into docs/b12x.md, and every registry release has a row."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def recorded_registry_stand_in(name: str) -> list[str]:
 
 
 def test_the_readme_table_is_the_rendered_release_table() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "b12x.md").read_text()
     assert releases.readme_table(readme) == releases.render_readme(releases.read_table())
 
 
@@ -97,9 +97,9 @@ def test_judging_a_release_writes_its_row_and_the_readme(
     cache.mkdir()
     with zipfile.ZipFile(cache / "flashinfer_python-0.7.9-py3-none-any.whl", "w") as wheel:
         wheel.writestr("flashinfer/__init__.py", "")
-    table, readme = tmp_path / "table.json", tmp_path / "README.md"
+    table, readme = tmp_path / "table.json", tmp_path / "b12x.md"
     table.write_text(json.dumps(releases.read_table()))
-    readme.write_text((ROOT / "README.md").read_text())
+    readme.write_text((ROOT / "docs" / "b12x.md").read_text())
     release = "flashinfer-python==0.7.9"
     common = ["--table", str(table), "--readme-path", str(readme)]
     argv = ["--judge", release, "--write", "--cache", str(cache), *common]

@@ -1,4 +1,4 @@
-"""``flare-l2evict example --out DIR``: files to try every README command on.
+"""``flare-l2evict example --out DIR``: files to try every command of the README and docs/ on.
 
 The embedded example checkpoint three ways (one file; an index and two
 shards; one file per tensor-parallel rank), the README's deployment config in
