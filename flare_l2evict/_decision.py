@@ -1,9 +1,10 @@
-"""The start-up decision, torch-free: which bytes the eviction reads, and what may be credited.
+"""The start-up choice, torch-free: which bytes the eviction reads.
 
-Start-up (:func:`flare_l2evict.choose_weights` converts torch storages), ``check`` and
-``plan`` (safetensors headers) all call :func:`decide`, so what the tools print is
-what start-up does, by construction. The steps: storages by address range ->
-eligible -> largest first -> bytes read -> credit.
+Start-up (:func:`~._weights.storages_of` converts torch storages) and ``plan``
+(safetensors headers, through ``tools/_plan_decision.decide``) both call
+:func:`choose_regions`, so what the tools print is what start-up does, by
+construction. The steps: storages by address range -> eligible -> largest first
+-> bytes read.
 
 Storages are identified by their address range ``[start, start + nbytes)``, not by
 the objects that hold them: two storage objects over one allocation (storage
@@ -24,7 +25,6 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import Protocol, TypeVar
 
-from ._credit import Credit, credit
 from ._text import shown
 from ._window import WORD
 
@@ -121,26 +121,6 @@ class RegionChoice:
     regions: tuple[Region, ...]
     read_bytes: int
     shortfall: str | None
-
-
-@dataclass(frozen=True)
-class Decision:
-    """:func:`decide`'s answer: the choice, and the credit with its reason when it is 0."""
-
-    chosen: RegionChoice
-    credit: Credit
-
-    @property
-    def window_bytes(self) -> int:
-        return self.chosen.window_bytes
-
-    @property
-    def read_bytes(self) -> int:
-        return self.chosen.read_bytes
-
-    @property
-    def regions(self) -> tuple[Region, ...]:
-        return self.chosen.regions
 
 
 def exclude_pattern(exclude: Sequence[str]) -> re.Pattern[str] | None:
@@ -551,35 +531,3 @@ class _SameSize:
                 found.append(index(size, found[-1] + 1 if found else 0))
         except ValueError:
             return found
-
-
-def decide(
-    storages: Storages,
-    *,
-    window_bytes: int,
-    exclude: Sequence[str],
-    race_jobs: int,
-    stock_buffer_bytes: int,
-    blocked: str | None = None,
-    where: str = "the device",
-) -> Decision:
-    """What start-up installs and credits, given what the caller knows.
-
-    ``blocked`` is why nothing can be installed whatever the storages (b12x's
-    seam failed its proof, the plugin is disabled), or ``None``. The credit is
-    :func:`~flare_l2evict.credit` of the choice; its reason, when it is 0, is
-    the first of: ``blocked``, the choice's shortfall, the credit's own.
-    """
-    choice = choose_regions(storages, window_bytes, exclude, where=where)
-    if blocked is not None:
-        return Decision(choice, Credit(0, blocked))
-    if choice.shortfall is not None:
-        return Decision(choice, Credit(0, choice.shortfall))
-    granted = credit(
-        installable=True,
-        race_jobs=race_jobs,
-        stock_buffer_bytes=stock_buffer_bytes,
-        window_bytes=window_bytes,
-        read_bytes=choice.read_bytes,
-    )
-    return Decision(choice, granted)

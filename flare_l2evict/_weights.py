@@ -10,7 +10,7 @@ from typing import Any, overload
 
 import torch
 
-from ._decision import RegionChoice, Storages, choose_regions
+from ._decision import RegionChoice, Storages
 from ._errors import WeightsError
 from ._log import say
 from ._text import described_value, shown
@@ -327,27 +327,3 @@ def weight_choice(
         names = [held.names[i] for i in islice(held.borrowed, _NAMED)]
         say(log, logging.INFO, "flare_l2evict: %s", borrowed_line(names, len(held.borrowed)))
     return WeightChoice(tuple(regions), choice.window_bytes, device)
-
-
-def choose_weights(
-    tensors: Mapping[str, torch.Tensor],
-    device: torch.device | str,
-    window_bytes: int,
-    exclude: Sequence[str] = (),
-) -> WeightChoice:
-    """The largest region of memory resident on ``device``; several, largest first, if one is short.
-
-    Storages are counted by address range: tensors that view one allocation, and
-    storage objects that overlap in memory, count once. Storages on other devices
-    (host RAM, pinned or not), meta tensors, empty or freed storages, and any
-    region touched by a tensor whose name matches an ``exclude`` glob are skipped.
-    The same tensors give the same choice: ties go to the name that sorts first.
-    Raises :class:`WeightsError` with the reason when the eligible bytes together
-    are fewer than ``window_bytes``.
-    """
-    device = torch.device(device)
-    found, storages = storages_of(tensors, device)
-    choice = choose_regions(found, window_bytes, exclude, where=str(device))
-    if choice.shortfall is not None:
-        raise WeightsError(choice.shortfall)
-    return weight_choice(choice, storages, device)

@@ -46,7 +46,8 @@ from flare_l2evict._decision import Storages, _Union, choose_regions
 from flare_l2evict._errors import CheckpointError, ConfigError, WeightsError
 from flare_l2evict._eviction import WeightEviction
 from flare_l2evict._settings import load_deployment_config, settings_from_config
-from flare_l2evict._weights import choose_weights, storages_of, weight_choice
+from flare_l2evict._weights import storages_of, weight_choice
+from flare_l2evict.tools._choose_weights import choose_weights
 from flare_l2evict.tools._headers import read_checkpoint
 from flare_l2evict.tools.reference_host import load_checkpoint
 

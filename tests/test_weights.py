@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from flare_l2evict import WeightsError
-from flare_l2evict._weights import choose_weights
+from flare_l2evict.tools._choose_weights import choose_weights
 
 
 def test_counts_storages_not_tensors() -> None:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import CheckpointError, ConfigError, L2EvictError
 from .._text import one_line, shown
-from .._units import GiB, MiB
 from ._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
+from ._units import GiB, MiB
 
 if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any tool
     import torch

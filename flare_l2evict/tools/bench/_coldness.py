@@ -179,7 +179,7 @@ def _stock_default(device: torch.device, window: int) -> Callable[[], None]:
 def plugin_at(weights: torch.Tensor, nbytes: int, kernel: str) -> Callable[[], None]:
     """The plugin's eviction over ``nbytes`` of ``weights`` with the named read kernel."""
     from ..._eviction import WeightEviction
-    from ..._weights import choose_weights
+    from .._choose_weights import choose_weights
 
     eviction = WeightEviction(
         choose_weights({"weights": weights}, weights.device, nbytes),

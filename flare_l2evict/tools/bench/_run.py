@@ -24,8 +24,9 @@ import torch
 from ..._eviction import Kernel, WeightEviction
 from ..._install import install, restore
 from ..._seam_table import stock_row
-from ..._weights import WeightChoice, choose_weights
+from ..._weights import WeightChoice
 from ..._window import stock_window_bytes
+from .._choose_weights import choose_weights
 from . import _coldness
 from ._hook_cost import first_call_times, hook_lines, hook_times, triton_lines, triton_start_times
 from ._probe import time_call
