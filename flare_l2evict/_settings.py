@@ -260,13 +260,21 @@ def _read_config_text(path: Path, where: str) -> str:
         except OSError as error:
             raise ConfigError(
                 f"{where}: cannot read the config file ({shown(error.strerror or str(error), 200)})"
+                "; fix: check the file and the disk it is on"
             ) from None
     if len(raw) > MAX_CONFIG_BYTES:  # it grew after the check
         raise ConfigError(
             f"{where}: over {MAX_CONFIG_BYTES:,} bytes; fix: pass the deployment config"
         )
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ConfigError(
+            f"{where}: UTF-16 text (it starts with a UTF-16 byte-order mark); fix: save the "
+            "config as UTF-8"
+        )
     try:
-        return raw.decode("utf-8")
+        # "utf-8-sig": a UTF-8 byte-order mark (Windows editors write one) is dropped, not
+        # refused; TOML and JSON parsers would otherwise report it as a bad character.
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         raise ConfigError(
             f"{where}: not UTF-8 text (byte {error.start:,}); fix: save the config as UTF-8"
@@ -286,9 +294,17 @@ def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
         raise ConfigError(
             f"{where}: is a directory, not a config file; fix: pass --config FILE"
         ) from None
+    except PermissionError:
+        raise ConfigError(
+            f"{where}: permission denied: this process (user id {_user()}) may not read the "
+            "config file; fix: make it readable by the user the server runs as (chmod a+r)"
+        ) from None
     except (OSError, ValueError) as error:  # ValueError: a NUL inside the path
         reason = getattr(error, "strerror", None) or str(error)
-        raise ConfigError(f"{where}: cannot open the config file ({shown(reason, 200)})") from None
+        raise ConfigError(
+            f"{where}: cannot open the config file ({shown(reason, 200)}); fix: pass a config "
+            "file this process can open"
+        ) from None
     try:
         info = os.fstat(fd)
     except OSError:
@@ -356,3 +372,8 @@ def wants_raise(section: Mapping[str, Any]) -> bool:
     """
     value = section.get("on_error")
     return type(value) is str and value == "raise"
+
+
+def _user() -> str:
+    getuid = getattr(os, "getuid", None)  # not on Windows
+    return "unknown" if getuid is None else str(getuid())
