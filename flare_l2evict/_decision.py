@@ -33,6 +33,7 @@ SKIP_REASONS = (
     "meta",
     "no storage",
     "borrowed",
+    "file-mapped",
     "empty or freed",
     "excluded",
     "misaligned",
@@ -450,7 +451,7 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
     once that all of them together are too few bytes.
     """
     counts = dict.fromkeys(SKIP_REASONS, 0)
-    borrowed: list[str] = []
+    named: dict[str, list[str]] = {"borrowed": [], "file-mapped": []}
     skips, starts = storages.skips, storages.starts
     ranges: set[tuple[int, int]] = set()
     for i, size in enumerate(storages.sizes):
@@ -467,8 +468,8 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
                 ranges.add((start, start + size))
         if reason is not None:
             counts[reason] += 1
-            if reason == "borrowed" and len(borrowed) < _NAMED:
-                borrowed.append(storages.names[i])
+            if reason in named and len(named[reason]) < _NAMED:
+                named[reason].append(storages.names[i])
     distinct, reach = 0, 0
     for low, high in sorted(ranges):
         distinct += max(0, high - max(low, reach))
@@ -479,7 +480,7 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
         f"{len(ranges):,} eligible storages hold {distinct:,} distinct bytes"
         + (f" (tensors skipped: {skipped})" if skipped else "")
         + "; stock b12x keeps its own buffer"
-        + (_borrowed_fix(borrowed, counts["borrowed"]) if borrowed else "")
+        + "".join(_borrowed_fix(why, names, counts[why]) for why, names in named.items() if names)
     )
 
 
@@ -487,14 +488,24 @@ _NAMED = 3
 """Names one line shows of the tensors skipped as borrowed; the rest are counted."""
 
 
-def _borrowed_fix(names: list[str], count: int) -> str:
+BORROWED_WORDS = {  # skip reason -> what it is, and the fix
+    "borrowed": (
+        "a storage that does not own its memory: a slice base[a:b], from_blob, DLPack",
+        "include a tensor over the owning storage in resident_tensors()",
+    ),
+    "file-mapped": (
+        "memory mapped from a file, an mmap: torch.load(mmap=True), safetensors on the CPU",
+        "load the weights into memory torch allocates (torch.load without mmap=True, or "
+        ".clone() the mapped tensors) before before_first_capture",
+    ),
+}
+
+
+def _borrowed_fix(why: str, names: list[str], count: int) -> str:
     listed = ", ".join(shown(repr(name), 80) for name in names)
     more = f" and {count - len(names):,} more" if count > len(names) else ""
-    return (
-        f"; borrowed (a storage that does not own its memory: a slice base[a:b], from_blob, "
-        f"DLPack): {listed}{more}; fix: include a tensor over the owning storage in "
-        "resident_tensors()"
-    )
+    what, fix = BORROWED_WORDS[why]
+    return f"; {why} ({what}): {listed}{more}; fix: {fix}"
 
 
 class _SameSize:

@@ -34,10 +34,13 @@ _SIZE = re.compile(r"([0-9]+)[ \t]*([kmg]i?b|b)?", re.IGNORECASE)
 _SIZE_CHARS = 32
 """Longer than any size a window takes ("68719476736 b" is 13); longer is not a size."""
 
-MAX_EXCLUDE_PATTERNS = 64
-"""Globs ``exclude`` may list: each costs a match per resident tensor (4,000,000 at most)."""
+MAX_EXCLUDE_PATTERNS = 8
+"""Globs ``exclude`` may list: each costs a match per resident tensor (250,000 at most;
+8 globs add up to 5 s to the hook there, on the 2-core CI machine under load)."""
 MAX_PATTERN_CHARS = 1000
 """Characters of one ``exclude`` glob: tensor names are far shorter."""
+MAX_PATTERN_STARS = 4
+"""``*`` one glob may hold: each lets a match try every position again (16 cost 35 s)."""
 MAX_CONFIG_BYTES = 1 << 20
 """A deployment config over 1 MiB is a wrong file (a checkpoint, a log), not a config."""
 
@@ -55,7 +58,8 @@ ALLOWED: dict[str, str] = {
     "or a whole number of bytes divisible by 4 between 1 MiB and 64 GiB, "
     "such as '256MiB' (KB, MB, GB are binary: KiB, MiB, GiB)",
     "exclude": "a list of tensor-name glob patterns, such as ['*.embed_tokens.*'] (at most "
-    f"{MAX_EXCLUDE_PATTERNS}, each at most {MAX_PATTERN_CHARS:,} characters)",
+    f"{MAX_EXCLUDE_PATTERNS}, each at most {MAX_PATTERN_CHARS:,} characters and "
+    f"{MAX_PATTERN_STARS} '*')",
     "on_error": "'fallback' (the default: keep stock b12x and reclaim 0) or 'raise'",
 }
 
@@ -120,6 +124,8 @@ class L2EvictSettings(BaseModel):
             raise ValueError("too many patterns")
         if not all(isinstance(item, str) and 0 < len(item) <= MAX_PATTERN_CHARS for item in value):
             raise ValueError("not a list of non-empty strings of bounded length")
+        if any(item.count("*") > MAX_PATTERN_STARS for item in value):
+            raise ValueError("too many '*' in a pattern")
         return tuple(value)
 
 
