@@ -490,8 +490,9 @@ _NAMED = 3
 
 BORROWED_WORDS = {  # skip reason -> what it is, and the fix
     "borrowed": (
-        "a storage that does not own its memory: a slice base[a:b], from_blob, DLPack",
-        "include a tensor over the owning storage in resident_tensors()",
+        "a storage that does not own its memory: a slice base[a:b], from_blob, DLPack, IPC",
+        "include a tensor over the owning storage in resident_tensors(), or allocate the "
+        "weights with torch",
     ),
     "file-mapped": (
         "memory mapped from a file, an mmap: torch.load(mmap=True), safetensors on the CPU",

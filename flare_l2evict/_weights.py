@@ -199,58 +199,49 @@ class ResidentStorages(Sequence["torch.UntypedStorage | None"]):
 def borrowed_line(names: Sequence[str], count: int, *, mapped: bool = False) -> str:
     """One line naming (bounded) the tensors whose storage borrows memory, with the fix.
 
-    ``mapped``: the memory is a file's mapping (``torch.load(mmap=True)``,
-    safetensors on the CPU), named as such.
+    ``mapped``: the memory is a file's mapping, named as such (:data:`FILE_MAPPED`).
     """
     listed = ", ".join(shown(repr(name), 80) for name in names[:_NAMED])
     more = f" and {count - _NAMED:,} more" if count > _NAMED else ""
-    if mapped:
-        return (
-            f"{count:,} resident tensors are not read because their memory is mapped from a "
-            "file (an mmap: torch.load(mmap=True), safetensors on the CPU), which can be "
-            f"unmapped or rewritten under the eviction: {listed}{more}; "
-            f"fix: {BORROWED_WORDS[FILE_MAPPED][1]}"
-        )
+    what, fix = BORROWED_WORDS[FILE_MAPPED if mapped else BORROWED]
     return (
         f"{count:,} resident tensors are not read because their storage borrows memory "
-        f"torch does not own (a storage slice base[a:b], from_blob, DLPack or IPC import), "
-        f"which its owner can free or move under the eviction: {listed}{more}; fix: include "
-        "a tensor over the owning storage in resident_tensors(), or allocate the weights "
-        "with torch"
+        f"({what}), which its owner can free, move or unmap under the eviction: "
+        f"{listed}{more}; fix: {fix}"
     )
 
 
-class _FileMaps:
-    """The process's file-backed mappings (``/proc/self/maps``), read once, when first asked.
+def _file_spans() -> tuple[list[int], list[int]]:
+    """The starts and ends of the process's file-backed mappings (``/proc/self/maps``).
 
-    Where ``/proc`` cannot be read, no address is a file's: the storage stays
-    skipped as borrowed, only its name is less exact.
+    Where ``/proc`` cannot be read there are none: a mapped storage stays
+    skipped as borrowed, only named less exactly.
     """
-
-    def __init__(self) -> None:
-        self._starts: list[int] | None = None
-        self._ends: list[int] = []
-
-    def holds(self, address: int) -> bool:
-        if self._starts is None:
-            spans = sorted(_file_spans())
-            self._starts, self._ends = [low for low, _ in spans], [high for _, high in spans]
-        at = bisect_right(self._starts, address) - 1
-        return at >= 0 and address < self._ends[at]
-
-
-def _file_spans() -> list[tuple[int, int]]:
     spans = []
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            for line in maps:
-                fields = line.split(maxsplit=5)
-                if len(fields) == 6 and fields[5].startswith("/"):  # a path: a file's pages
+            for fields in map(str.split, maps):
+                if len(fields) >= 6 and fields[5].startswith("/"):  # a path: a file's pages
                     low, _, high = fields[0].partition("-")
                     spans.append((int(low, 16), int(high, 16)))
     except (OSError, ValueError):
-        return []
-    return spans
+        return [], []
+    spans.sort()
+    return [low for low, _ in spans], [high for _, high in spans]
+
+
+class _FileSpans:
+    """:func:`_file_spans`, read when first asked (only a borrowed CPU storage asks)."""
+
+    def __init__(self) -> None:
+        self._spans: tuple[list[int], list[int]] | None = None
+
+    def hold(self, address: int) -> bool:
+        if self._spans is None:
+            self._spans = _file_spans()
+        starts, ends = self._spans
+        at = bisect_right(starts, address) - 1
+        return at >= 0 and address < ends[at]
 
 
 def storages_of(
@@ -273,7 +264,7 @@ def storages_of(
         sizes = [0 if s is None else _storage_nbytes(s) for s in storages]
     verdicts: dict[torch.device, str | None] = {}
     held = ResidentStorages(names, storages, values)
-    files = _FileMaps()
+    files = _FileSpans()
 
     def skip(index: int) -> str | None:
         storage = storages[index]
@@ -285,7 +276,7 @@ def storages_of(
             owns = False
         if not owns:
             held.borrowed[index] = None
-            if storage.device.type == "cpu" and files.holds(_storage_pointer(storage)):
+            if storage.device.type == "cpu" and files.hold(_storage_pointer(storage)):
                 held.mapped[index] = None
                 return FILE_MAPPED
             return BORROWED

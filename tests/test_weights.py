@@ -181,3 +181,31 @@ def test_more_names_than_the_limit_is_one_line() -> None:
         storages_of(OneTooManyStandIn(), torch.device("cpu"))
     line = str(raised.value)
     assert "\n" not in line and f"more than {MAX_TENSORS:,} names; fix: " in line
+
+
+def test_the_info_line_names_mapped_weights_apart_from_borrowed_ones(
+    tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    from pathlib import Path
+
+    from flare_l2evict._decision import choose_regions
+    from flare_l2evict._weights import storages_of, weight_choice
+
+    path = Path(str(tmp_path)) / "w.pt"
+    torch.save({"mapped.w": torch.ones(1 << 18)}, path)
+    tensors = {
+        **torch.load(path, mmap=True),
+        "slice.w": torch.empty(0).set_(torch.ones(1 << 18).untyped_storage()[0 : 1 << 20]),
+        "owned.w": torch.ones(1 << 18),
+    }
+    cpu = torch.device("cpu")
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        found, held = storages_of(tensors, cpu)
+        choice = weight_choice(choose_regions(found, 1 << 20), held, cpu)
+    assert [region.name for region in choice.regions] == ["owned.w"]
+    lines = [r.getMessage() for r in caplog.records if "borrows memory" in r.getMessage()]
+    (mapped,) = [line for line in lines if "mapped from a file" in line]
+    (sliced,) = [line for line in lines if "slice base[a:b]" in line]
+    assert "'mapped.w'" in mapped and "'slice.w'" not in mapped
+    assert "'slice.w'" in sliced and "'mapped.w'" not in sliced
