@@ -44,7 +44,7 @@ def hostile() -> None:
     from flare_l2evict._decision import Storages, choose_regions
     from flare_l2evict._errors import WeightsError
     from flare_l2evict._eviction import WeightEviction
-    from flare_l2evict._weights import choose_weights
+    from flare_l2evict.tools._choose_weights import choose_weights
 
     count = 1_000_000
     tensors = {f"t{count - i:08d}": torch.zeros(32) for i in range(count)}  # 128 B each

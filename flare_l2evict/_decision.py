@@ -1,9 +1,10 @@
-"""The start-up decision, torch-free: which bytes the eviction reads, and what may be credited.
+"""The start-up choice, torch-free: which bytes the eviction reads.
 
-Start-up (:func:`flare_l2evict.choose_weights` converts torch storages), ``check`` and
-``plan`` (safetensors headers) all call :func:`decide`, so what the tools print is
-what start-up does, by construction. The steps: storages by address range ->
-eligible -> largest first -> bytes read -> credit.
+Start-up (:func:`~._weights.storages_of` converts torch storages) and ``plan``
+(safetensors headers, through ``tools/_plan_decision.decide``) both call
+:func:`choose_regions`, so what the tools print is what start-up does, by
+construction. The steps: storages by address range -> eligible -> largest first
+-> bytes read.
 
 Storages are identified by their address range ``[start, start + nbytes)``, not by
 the objects that hold them: two storage objects over one allocation (storage
@@ -24,7 +25,6 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import Protocol, TypeVar
 
-from ._credit import Credit, credit
 from ._text import shown
 from ._window import WORD
 
@@ -33,6 +33,7 @@ SKIP_REASONS = (
     "meta",
     "no storage",
     "borrowed",
+    "file-mapped",
     "empty or freed",
     "excluded",
     "misaligned",
@@ -121,26 +122,6 @@ class RegionChoice:
     regions: tuple[Region, ...]
     read_bytes: int
     shortfall: str | None
-
-
-@dataclass(frozen=True)
-class Decision:
-    """:func:`decide`'s answer: the choice, and the credit with its reason when it is 0."""
-
-    chosen: RegionChoice
-    credit: Credit
-
-    @property
-    def window_bytes(self) -> int:
-        return self.chosen.window_bytes
-
-    @property
-    def read_bytes(self) -> int:
-        return self.chosen.read_bytes
-
-    @property
-    def regions(self) -> tuple[Region, ...]:
-        return self.chosen.regions
 
 
 def exclude_pattern(exclude: Sequence[str]) -> re.Pattern[str] | None:
@@ -470,7 +451,7 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
     once that all of them together are too few bytes.
     """
     counts = dict.fromkeys(SKIP_REASONS, 0)
-    borrowed: list[str] = []
+    named: dict[str, list[str]] = {"borrowed": [], "file-mapped": []}
     skips, starts = storages.skips, storages.starts
     ranges: set[tuple[int, int]] = set()
     for i, size in enumerate(storages.sizes):
@@ -487,8 +468,8 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
                 ranges.add((start, start + size))
         if reason is not None:
             counts[reason] += 1
-            if reason == "borrowed" and len(borrowed) < _NAMED:
-                borrowed.append(storages.names[i])
+            if reason in named and len(named[reason]) < _NAMED:
+                named[reason].append(storages.names[i])
     distinct, reach = 0, 0
     for low, high in sorted(ranges):
         distinct += max(0, high - max(low, reach))
@@ -499,7 +480,7 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
         f"{len(ranges):,} eligible storages hold {distinct:,} distinct bytes"
         + (f" (tensors skipped: {skipped})" if skipped else "")
         + "; stock b12x keeps its own buffer"
-        + (_borrowed_fix(borrowed, counts["borrowed"]) if borrowed else "")
+        + "".join(_borrowed_fix(why, names, counts[why]) for why, names in named.items() if names)
     )
 
 
@@ -507,14 +488,25 @@ _NAMED = 3
 """Names one line shows of the tensors skipped as borrowed; the rest are counted."""
 
 
-def _borrowed_fix(names: list[str], count: int) -> str:
+BORROWED_WORDS = {  # skip reason -> what it is, and the fix
+    "borrowed": (
+        "a storage that does not own its memory: a slice base[a:b], from_blob, DLPack, IPC",
+        "include a tensor over the owning storage in resident_tensors(), or allocate the "
+        "weights with torch",
+    ),
+    "file-mapped": (
+        "memory mapped from a file, an mmap: torch.load(mmap=True), safetensors on the CPU",
+        "load the weights into memory torch allocates (torch.load without mmap=True, or "
+        ".clone() the mapped tensors) before before_first_capture",
+    ),
+}
+
+
+def _borrowed_fix(why: str, names: list[str], count: int) -> str:
     listed = ", ".join(shown(repr(name), 80) for name in names)
     more = f" and {count - len(names):,} more" if count > len(names) else ""
-    return (
-        f"; borrowed (a storage that does not own its memory: a slice base[a:b], from_blob, "
-        f"DLPack): {listed}{more}; fix: include a tensor over the owning storage in "
-        "resident_tensors()"
-    )
+    what, fix = BORROWED_WORDS[why]
+    return f"; {why} ({what}): {listed}{more}; fix: {fix}"
 
 
 class _SameSize:
@@ -551,35 +543,3 @@ class _SameSize:
                 found.append(index(size, found[-1] + 1 if found else 0))
         except ValueError:
             return found
-
-
-def decide(
-    storages: Storages,
-    *,
-    window_bytes: int,
-    exclude: Sequence[str],
-    race_jobs: int,
-    stock_buffer_bytes: int,
-    blocked: str | None = None,
-    where: str = "the device",
-) -> Decision:
-    """What start-up installs and credits, given what the caller knows.
-
-    ``blocked`` is why nothing can be installed whatever the storages (b12x's
-    seam failed its proof, the plugin is disabled), or ``None``. The credit is
-    :func:`~flare_l2evict.credit` of the choice; its reason, when it is 0, is
-    the first of: ``blocked``, the choice's shortfall, the credit's own.
-    """
-    choice = choose_regions(storages, window_bytes, exclude, where=where)
-    if blocked is not None:
-        return Decision(choice, Credit(0, blocked))
-    if choice.shortfall is not None:
-        return Decision(choice, Credit(0, choice.shortfall))
-    granted = credit(
-        installable=True,
-        race_jobs=race_jobs,
-        stock_buffer_bytes=stock_buffer_bytes,
-        window_bytes=window_bytes,
-        read_bytes=choice.read_bytes,
-    )
-    return Decision(choice, granted)

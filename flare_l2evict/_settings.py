@@ -34,10 +34,13 @@ _SIZE = re.compile(r"([0-9]+)[ \t]*([kmg]i?b|b)?", re.IGNORECASE)
 _SIZE_CHARS = 32
 """Longer than any size a window takes ("68719476736 b" is 13); longer is not a size."""
 
-MAX_EXCLUDE_PATTERNS = 64
-"""Globs ``exclude`` may list: each costs a match per resident tensor (4,000,000 at most)."""
+MAX_EXCLUDE_PATTERNS = 8
+"""Globs ``exclude`` may list: each costs a match per resident tensor (250,000 at most;
+8 globs add up to 5 s to the hook there, on the 2-core CI machine under load)."""
 MAX_PATTERN_CHARS = 1000
 """Characters of one ``exclude`` glob: tensor names are far shorter."""
+MAX_PATTERN_STARS = 4
+"""``*`` one glob may hold: each lets a match try every position again (16 cost 35 s)."""
 MAX_CONFIG_BYTES = 1 << 20
 """A deployment config over 1 MiB is a wrong file (a checkpoint, a log), not a config."""
 
@@ -55,7 +58,8 @@ ALLOWED: dict[str, str] = {
     "or a whole number of bytes divisible by 4 between 1 MiB and 64 GiB, "
     "such as '256MiB' (KB, MB, GB are binary: KiB, MiB, GiB)",
     "exclude": "a list of tensor-name glob patterns, such as ['*.embed_tokens.*'] (at most "
-    f"{MAX_EXCLUDE_PATTERNS}, each at most {MAX_PATTERN_CHARS:,} characters)",
+    f"{MAX_EXCLUDE_PATTERNS}, each at most {MAX_PATTERN_CHARS:,} characters and "
+    f"{MAX_PATTERN_STARS} '*')",
     "on_error": "'fallback' (the default: keep stock b12x and reclaim 0) or 'raise'",
 }
 
@@ -120,6 +124,8 @@ class L2EvictSettings(BaseModel):
             raise ValueError("too many patterns")
         if not all(isinstance(item, str) and 0 < len(item) <= MAX_PATTERN_CHARS for item in value):
             raise ValueError("not a list of non-empty strings of bounded length")
+        if any(item.count("*") > MAX_PATTERN_STARS for item in value):
+            raise ValueError("too many '*' in a pattern")
         return tuple(value)
 
 
@@ -260,13 +266,21 @@ def _read_config_text(path: Path, where: str) -> str:
         except OSError as error:
             raise ConfigError(
                 f"{where}: cannot read the config file ({shown(error.strerror or str(error), 200)})"
+                "; fix: check the file and the disk it is on"
             ) from None
     if len(raw) > MAX_CONFIG_BYTES:  # it grew after the check
         raise ConfigError(
             f"{where}: over {MAX_CONFIG_BYTES:,} bytes; fix: pass the deployment config"
         )
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ConfigError(
+            f"{where}: UTF-16 text (it starts with a UTF-16 byte-order mark); fix: save the "
+            "config as UTF-8"
+        )
     try:
-        return raw.decode("utf-8")
+        # "utf-8-sig": a UTF-8 byte-order mark (Windows editors write one) is dropped, not
+        # refused; TOML and JSON parsers would otherwise report it as a bad character.
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         raise ConfigError(
             f"{where}: not UTF-8 text (byte {error.start:,}); fix: save the config as UTF-8"
@@ -286,9 +300,17 @@ def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
         raise ConfigError(
             f"{where}: is a directory, not a config file; fix: pass --config FILE"
         ) from None
+    except PermissionError:
+        raise ConfigError(
+            f"{where}: permission denied: this process (user id {_user()}) may not read the "
+            "config file; fix: make it readable by the user the server runs as (chmod a+r)"
+        ) from None
     except (OSError, ValueError) as error:  # ValueError: a NUL inside the path
         reason = getattr(error, "strerror", None) or str(error)
-        raise ConfigError(f"{where}: cannot open the config file ({shown(reason, 200)})") from None
+        raise ConfigError(
+            f"{where}: cannot open the config file ({shown(reason, 200)}); fix: pass a config "
+            "file this process can open"
+        ) from None
     try:
         info = os.fstat(fd)
     except OSError:
@@ -356,3 +378,8 @@ def wants_raise(section: Mapping[str, Any]) -> bool:
     """
     value = section.get("on_error")
     return type(value) is str and value == "raise"
+
+
+def _user() -> str:
+    getuid = getattr(os, "getuid", None)  # not on Windows
+    return "unknown" if getuid is None else str(getuid())

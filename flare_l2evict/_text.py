@@ -15,8 +15,6 @@ from collections.abc import Mapping
 
 LIMIT = 200
 """Characters of one echoed value, the cut marker included."""
-LINE_BYTES = 1024
-"""UTF-8 bytes of one error line the CLI prints, its newline included."""
 
 # Cc: C0/C1 controls (newline, NUL, ESC); Cf: format characters, among them
 # the bidi overrides and isolates; Zl/Zp: line and paragraph separators;
@@ -124,19 +122,6 @@ def shown(value: object, limit: int = LIMIT) -> str:
     if isinstance(value, str):
         return _cut(value, limit, total=len(value))
     return literal(value, limit)
-
-
-def one_line(message: str, max_bytes: int = LINE_BYTES) -> str:
-    """``message`` as one printable line of at most ``max_bytes`` UTF-8 bytes, newline included.
-
-    The CLI's last guard: whatever an error carries, stderr gets one bounded line.
-    """
-    line = _cut(message, max_bytes)
-    encoded = line.encode("utf-8")
-    if len(encoded) < max_bytes:
-        return line
-    marker = "...[cut]"
-    return encoded[: max_bytes - 1 - len(marker)].decode("utf-8", "ignore") + marker
 
 
 def described(error: BaseException, limit: int = LIMIT) -> str:

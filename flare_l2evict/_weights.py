@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -10,7 +11,7 @@ from typing import Any, overload
 
 import torch
 
-from ._decision import RegionChoice, Storages, choose_regions
+from ._decision import BORROWED_WORDS, RegionChoice, Storages
 from ._errors import WeightsError
 from ._log import say
 from ._text import described_value, shown
@@ -27,11 +28,24 @@ _storage_resizable: Callable[[Any], bool] = torch.UntypedStorage.resizable
 
 BORROWED = "borrowed"
 """The skip reason of a storage that does not own its memory (see :func:`storages_of`)."""
+FILE_MAPPED = "file-mapped"
+"""The skip reason of a borrowed CPU storage whose memory is a file's mapping (an mmap)."""
 _NAMED = 3
 """Names one refusal line shows; the rest are counted."""
 
-MAX_TENSORS = 4_000_000
-"""More resident tensors than any checkpoint shard holds (DeepSeek V3: ~92,000 in all)."""
+MAX_TENSORS = 250_000
+"""More resident tensors than any checkpoint shard holds (DeepSeek V3: ~92,000 in all).
+
+The hook's worst case grows linearly with it: 250,000 distinct tiny storages
+that cannot cover the window take 2.9 to 4.7 s on the 2-core CI machine under
+load, 5.2 s with the most exclude globs (``benchmarks/hook_at_limits.py``,
+BENCHMARKS.md); the 4,000,000 before allowed about 100 s."""
+MAX_NAME_CHARS = 16 << 20
+"""Characters all resident tensor names may hold together: 250,000 names of 67 each.
+
+Names are read in chunks of :data:`_NAME_CHUNK`, so a mapping of endless long
+names is refused holding at most this many characters plus one chunk."""
+_NAME_CHUNK = 1024
 
 
 @dataclass(frozen=True)
@@ -161,6 +175,7 @@ class ResidentStorages(Sequence["torch.UntypedStorage | None"]):
         self.storages = storages
         self.tensors = tensors
         self.borrowed: dict[int, None] = {}  # insertion-ordered set
+        self.mapped: dict[int, None] = {}  # of those, memory mapped from a file
 
     def __len__(self) -> int:
         return len(self.storages)
@@ -181,17 +196,52 @@ class ResidentStorages(Sequence["torch.UntypedStorage | None"]):
         return found if isinstance(found, torch.Tensor) else None
 
 
-def borrowed_line(names: Sequence[str], count: int) -> str:
-    """One line naming (bounded) the tensors whose storage borrows memory, with the fix."""
+def borrowed_line(names: Sequence[str], count: int, *, mapped: bool = False) -> str:
+    """One line naming (bounded) the tensors whose storage borrows memory, with the fix.
+
+    ``mapped``: the memory is a file's mapping, named as such (:data:`FILE_MAPPED`).
+    """
     listed = ", ".join(shown(repr(name), 80) for name in names[:_NAMED])
     more = f" and {count - _NAMED:,} more" if count > _NAMED else ""
+    what, fix = BORROWED_WORDS[FILE_MAPPED if mapped else BORROWED]
     return (
         f"{count:,} resident tensors are not read because their storage borrows memory "
-        f"torch does not own (a storage slice base[a:b], from_blob, DLPack or IPC import), "
-        f"which its owner can free or move under the eviction: {listed}{more}; fix: include "
-        "a tensor over the owning storage in resident_tensors(), or allocate the weights "
-        "with torch"
+        f"({what}), which its owner can free, move or unmap under the eviction: "
+        f"{listed}{more}; fix: {fix}"
     )
+
+
+def _file_spans() -> tuple[list[int], list[int]]:
+    """The starts and ends of the process's file-backed mappings (``/proc/self/maps``).
+
+    Where ``/proc`` cannot be read there are none: a mapped storage stays
+    skipped as borrowed, only named less exactly.
+    """
+    spans = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for fields in map(str.split, maps):
+                if len(fields) >= 6 and fields[5].startswith("/"):  # a path: a file's pages
+                    low, _, high = fields[0].partition("-")
+                    spans.append((int(low, 16), int(high, 16)))
+    except (OSError, ValueError):
+        return [], []
+    spans.sort()
+    return [low for low, _ in spans], [high for _, high in spans]
+
+
+class _FileSpans:
+    """:func:`_file_spans`, read when first asked (only a borrowed CPU storage asks)."""
+
+    def __init__(self) -> None:
+        self._spans: tuple[list[int], list[int]] | None = None
+
+    def hold(self, address: int) -> bool:
+        if self._spans is None:
+            self._spans = _file_spans()
+        starts, ends = self._spans
+        at = bisect_right(starts, address) - 1
+        return at >= 0 and address < ends[at]
 
 
 def storages_of(
@@ -201,9 +251,10 @@ def storages_of(
 
     A storage that does not own its memory (``resizable() == False``: a slice
     ``base[a:b]`` of another storage, ``from_blob``, DLPack or CUDA IPC) is
-    skipped as ``"borrowed"``: holding it does not keep the memory alive, so
-    its owner could free or move the memory under the eviction. A tensor over
-    the owning storage, when the host passes one, covers the same bytes.
+    skipped as ``"borrowed"`` (``"file-mapped"`` when the memory is a file's
+    mapping on the CPU): holding it does not keep the memory alive, so its
+    owner could free or move the memory under the eviction. A tensor over the
+    owning storage, when the host passes one, covers the same bytes.
     """
     names, values = _names_and_values(tensors)
     storages, complete = _storages(names, values)
@@ -213,6 +264,7 @@ def storages_of(
         sizes = [0 if s is None else _storage_nbytes(s) for s in storages]
     verdicts: dict[torch.device, str | None] = {}
     held = ResidentStorages(names, storages, values)
+    files = _FileSpans()
 
     def skip(index: int) -> str | None:
         storage = storages[index]
@@ -224,6 +276,9 @@ def storages_of(
             owns = False
         if not owns:
             held.borrowed[index] = None
+            if storage.device.type == "cpu" and files.hold(_storage_pointer(storage)):
+                held.mapped[index] = None
+                return FILE_MAPPED
             return BORROWED
         found = storage.device
         if found not in verdicts:
@@ -239,12 +294,7 @@ def storages_of(
 
 def _names_and_values(tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], list[object]]:
     """The mapping's names (plain ``str``) and values, bounded by :data:`MAX_TENSORS`."""
-    names = list(islice(tensors, MAX_TENSORS + 1))
-    if len(names) > MAX_TENSORS:
-        raise WeightsError(
-            f"resident_tensors() holds more than {MAX_TENSORS:,} names; fix: the host must "
-            "return this rank's checkpoint tensors, by name"
-        )
+    names = _bounded_names(tensors)
     if not names:
         raise WeightsError(
             "no resident checkpoint tensors; fix: the host must call before_first_capture "
@@ -265,6 +315,35 @@ def _names_and_values(tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], l
             "resident_tensors() gave fewer values than names; fix: return a plain mapping"
         )
     return names, values
+
+
+def _bounded_names(tensors: Mapping[str, torch.Tensor]) -> list[Any]:
+    """The mapping's keys, refused past :data:`MAX_TENSORS` names or :data:`MAX_NAME_CHARS`.
+
+    Stops early at a key that is no ``str``, which the caller's type check names.
+    """
+    keys = iter(tensors)
+    found: list[Any] = []
+    chars = 0
+    while chunk := list(islice(keys, _NAME_CHUNK)):
+        try:
+            # The unbound C method: a str subclass cannot under-report its length.
+            chars += sum(map(str.__len__, chunk))
+        except TypeError:
+            return found + chunk
+        found += chunk
+        if len(found) > MAX_TENSORS:
+            raise WeightsError(
+                f"resident_tensors() holds more than {MAX_TENSORS:,} names; fix: the host must "
+                "return this rank's checkpoint tensors, by name"
+            )
+        if chars > MAX_NAME_CHARS:
+            raise WeightsError(
+                f"resident_tensors()'s names hold more than {MAX_NAME_CHARS:,} characters "
+                f"(after {len(found):,} names; a checkpoint's names are under 100 characters "
+                "each); fix: the host must return this rank's checkpoint tensors, by name"
+            )
+    return found
 
 
 class _PerIndex:
@@ -323,31 +402,11 @@ def weight_choice(
             tensor = None if held is None else held.tensor(piece.owner)
             pieces.append(WeightPiece(storage, piece.offset, piece.nbytes, tensor))
         regions.append(WeightRegion(source.name, source.storage_bytes, tuple(pieces)))
-    if held is not None and held.borrowed:
-        names = [held.names[i] for i in islice(held.borrowed, _NAMED)]
-        say(log, logging.INFO, "flare_l2evict: %s", borrowed_line(names, len(held.borrowed)))
+    if held is not None:
+        others = [i for i in held.borrowed if i not in held.mapped]
+        for mapped, indices in ((False, others), (True, list(held.mapped))):
+            if indices:
+                names = [held.names[i] for i in indices[:_NAMED]]
+                line = borrowed_line(names, len(indices), mapped=mapped)
+                say(log, logging.INFO, "flare_l2evict: %s", line)
     return WeightChoice(tuple(regions), choice.window_bytes, device)
-
-
-def choose_weights(
-    tensors: Mapping[str, torch.Tensor],
-    device: torch.device | str,
-    window_bytes: int,
-    exclude: Sequence[str] = (),
-) -> WeightChoice:
-    """The largest region of memory resident on ``device``; several, largest first, if one is short.
-
-    Storages are counted by address range: tensors that view one allocation, and
-    storage objects that overlap in memory, count once. Storages on other devices
-    (host RAM, pinned or not), meta tensors, empty or freed storages, and any
-    region touched by a tensor whose name matches an ``exclude`` glob are skipped.
-    The same tensors give the same choice: ties go to the name that sorts first.
-    Raises :class:`WeightsError` with the reason when the eligible bytes together
-    are fewer than ``window_bytes``.
-    """
-    device = torch.device(device)
-    found, storages = storages_of(tensors, device)
-    choice = choose_regions(found, window_bytes, exclude, where=str(device))
-    if choice.shortfall is not None:
-        raise WeightsError(choice.shortfall)
-    return weight_choice(choice, storages, device)

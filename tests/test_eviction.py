@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flare_l2evict._eviction import WeightEviction
-from flare_l2evict._weights import choose_weights
+from flare_l2evict.tools._choose_weights import choose_weights
 
 
 def digest(tensor: torch.Tensor) -> str:

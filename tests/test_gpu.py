@@ -30,8 +30,8 @@ from benchmarks.bench._probe import spacer
 from flare_l2evict._credit import READ_KERNEL_BYTES
 from flare_l2evict._eviction import Kernel, WeightEviction
 from flare_l2evict._install import install
-from flare_l2evict._weights import choose_weights
 from flare_l2evict._window import stock_window_bytes
+from flare_l2evict.tools._choose_weights import choose_weights
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, example_tensors
 
 pytestmark = pytest.mark.gpu
@@ -97,7 +97,7 @@ def test_read_kernel_is_triton_where_it_loads(
 _CODE_PROBE = """
 import json, torch
 from flare_l2evict._eviction import WeightEviction
-from flare_l2evict._weights import choose_weights
+from flare_l2evict.tools._choose_weights import choose_weights
 device = torch.device("cuda", 0)
 weights = torch.ones(64 << 18, device=device)
 small = torch.empty(8193, device=device)  # a small-pool segment exists, as in any server

@@ -14,7 +14,8 @@ from flare_l2evict._errors import InstallError
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._install import active_installation, install
 from flare_l2evict._seam import SeamProof, StockBuffer, prove_seam
-from flare_l2evict._weights import WeightChoice, choose_weights
+from flare_l2evict._weights import WeightChoice
+from flare_l2evict.tools._choose_weights import choose_weights
 
 measurement = pytest.importorskip("b12x.preparation._measurement")
 STOCK = measurement._l2_flush_fn

@@ -140,3 +140,93 @@ def test_unreadable_configs(tmp_path: Path, name: str, text: str, match: str) ->
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such config file"):
         load_deployment_config(tmp_path / "absent.toml")
+
+
+# Issue 28, "wrong words": a byte-order mark and a permission error are named as what they are.
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.mark.parametrize(
+    ("suffix", "text"),
+    [
+        (".toml", '[plugins.l2evict]\nwindow = "256MiB"\n'),
+        (".json", '{"plugins": {"l2evict": {"window": "256MiB"}}}'),
+        (".yaml", "plugins:\n  l2evict:\n    window: 256MiB\n"),
+    ],
+)
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path, suffix: str, text: str) -> None:
+    # Windows editors save UTF-8 with a BOM; tomllib and json refused it "at line 1, column 1".
+    plain, marked = tmp_path / f"plain{suffix}", tmp_path / f"marked{suffix}"
+    plain.write_bytes(text.encode())
+    marked.write_bytes(BOM + text.encode())
+    assert load_deployment_config(marked) == load_deployment_config(plain)
+    assert settings(load_deployment_config(marked)).window == 256 << 20
+
+
+def test_a_utf16_config_is_named_as_utf16(tmp_path: Path) -> None:
+    path = tmp_path / "deploy.toml"
+    path.write_bytes('[plugins.l2evict]\nwindow = "256MiB"\n'.encode("utf-16"))
+    with pytest.raises(
+        ConfigError, match=r"UTF-16 .*byte-order mark\); fix: save the config as UTF-8"
+    ):
+        load_deployment_config(path)
+
+
+_AS_NOBODY = """
+import os, sys
+from flare_l2evict import ConfigError, load_deployment_config
+from flare_l2evict.tools._cli import error_line
+os.setegid(65534)
+os.seteuid(65534)  # root reads any file: drop to nobody (real ids stay root) for the open
+try:
+    load_deployment_config(sys.argv[1])
+except ConfigError as error:
+    print(error_line("check", str(error)))
+"""
+
+
+def test_an_unreadable_config_is_named_a_permission_error(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="flare-l2evict-"))  # under /tmp, not root's 0700 tree
+    try:
+        folder.chmod(0o755)
+        path = folder / "deploy.toml"
+        path.write_text("[plugins.l2evict]\nenabled = true\n")
+        path.chmod(0o000)
+        if os.geteuid() == 0:
+            ran = subprocess.run(
+                [sys.executable, "-c", _AS_NOBODY, str(path)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert ran.returncode == 0, ran.stderr
+            line = ran.stdout.strip()
+        else:
+            from flare_l2evict.tools._cli import error_line
+
+            with pytest.raises(ConfigError) as raised:
+                load_deployment_config(path)
+            line = error_line("check", str(raised.value))
+    finally:
+        for entry in folder.iterdir():
+            entry.unlink()
+        folder.rmdir()
+    assert line.count("\n") == 0 and "permission denied" in line, line
+    assert "fix: make it readable by the user the server runs as" in line, line
+    assert "line or key named" not in line, line
+
+
+def test_a_glob_with_too_many_stars_is_refused_naming_the_limit() -> None:
+    # Each '*' lets a match retry every position: 8 globs of 16 '*' took 35 s on 250,000 names.
+    from flare_l2evict._settings import MAX_PATTERN_STARS
+
+    assert settings(section(exclude=["*" + ".*" * (MAX_PATTERN_STARS - 1)])).exclude
+    with pytest.raises(
+        ConfigError, match=f"at most 1,000 characters and {MAX_PATTERN_STARS} '\\*'"
+    ):
+        settings(section(exclude=["*x" * MAX_PATTERN_STARS + "*"]))

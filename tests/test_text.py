@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from flare_l2evict._text import LIMIT, literal, one_line, shown
+from flare_l2evict._text import LIMIT, literal, shown
+from flare_l2evict.tools._lines import one_line
 
 
 @pytest.mark.parametrize(

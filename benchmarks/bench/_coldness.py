@@ -181,7 +181,7 @@ def _stock_default(device: torch.device, window: int) -> Callable[[], None]:
 def plugin_at(weights: torch.Tensor, nbytes: int, kernel: str) -> Callable[[], None]:
     """The plugin's eviction over ``nbytes`` of ``weights`` with the named read kernel."""
     from flare_l2evict._eviction import WeightEviction
-    from flare_l2evict._weights import choose_weights
+    from flare_l2evict.tools._choose_weights import choose_weights
 
     eviction = WeightEviction(
         choose_weights({"weights": weights}, weights.device, nbytes),

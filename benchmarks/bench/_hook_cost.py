@@ -41,7 +41,7 @@ def _window(fused: bool) -> int:
 
 _FIRST_CALL = """
 import json, sys, time
-from flare_l2evict._weights import choose_weights
+from flare_l2evict.tools._choose_weights import choose_weights
 from benchmarks.bench import synthetic_checkpoint
 count, fused, window = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
 tensors = synthetic_checkpoint(count, fused_largest=fused)

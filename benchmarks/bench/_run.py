@@ -24,8 +24,9 @@ import torch
 from flare_l2evict._eviction import Kernel, WeightEviction
 from flare_l2evict._install import install, restore
 from flare_l2evict._seam_table import stock_row
-from flare_l2evict._weights import WeightChoice, choose_weights
+from flare_l2evict._weights import WeightChoice
 from flare_l2evict._window import stock_window_bytes
+from flare_l2evict.tools._choose_weights import choose_weights
 
 from . import _coldness
 from ._hook_cost import first_call_times, hook_lines, hook_times, triton_lines, triton_start_times

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import CheckpointError, ConfigError, L2EvictError
-from .._text import one_line, shown
-from .._units import GiB, MiB
+from .._text import shown
+from ._lines import one_line
 from ._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
+from ._units import GiB, MiB
 
 if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any tool
     import torch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._units import GiB, MiB
+from ._units import GiB, MiB
 
 
 @dataclass(frozen=True)
