@@ -306,7 +306,9 @@ def test_disabled_by_config_is_one_reason(
     if with_checkpoint:
         argv.append(str(write_checkpoint({"w": torch.zeros(512 * MiB // 4)})))
     code, figures = check_json(capsys, *argv)
-    assert code == 1 and figures["reason"] == DISABLED
+    # The operator's choice, not a fault: exit 0 (issue 29), with the one reason.
+    assert code == 0 and figures["reason"] == DISABLED and figures["verdict"] == "disabled"
+    assert figures["credit_bytes"] == 0
     assert DISABLED == "disabled by config (plugins.l2evict.enabled = false)"
 
 
