@@ -352,9 +352,11 @@ def _parser() -> _Parser:
         _add_verbosity(sub)
         sub.epilog = _epilog(name)
     parser.epilog = (
-        "exit codes (startup, plan, check): 0 the plugin installs and credits, or is disabled "
-        "by config; 1 it falls back, on this device or on any rank; 2 a usage or input error."
-        "\nexample: flare-l2evict startup --plugin l2evict"
+        "example:\n  flare-l2evict startup --plugin l2evict\n\n"
+        "exit codes (startup, plan, check; each command's --help says its own):\n"
+        "  0  the plugin installs and credits, or is disabled by config\n"
+        "  1  it falls back, on this device or on any rank\n"
+        "  2  a usage or input error"
     )
     return parser
 
@@ -362,38 +364,52 @@ def _parser() -> _Parser:
 EXIT_INSTALLS, EXIT_FALLS_BACK, EXIT_USAGE = 0, 1, 2
 """One meaning per exit code, for startup, plan and check (``--help`` says it per command)."""
 
-_EXAMPLES = {
+_USAGE_ERROR = "a usage or input error (one line on stderr: the cause and the fix)"
+_EXAMPLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "startup": (
         "flare-l2evict startup --plugin l2evict --config deploy.toml model.safetensors",
-        "0 the plugin installed and credited, or is disabled by config, or no --plugin l2evict "
-        "was named; 1 it fell back (the reason is its WARNING line); 2 a usage or input error",
+        (
+            "the plugin installed and credited, or is disabled by config (or no --plugin "
+            "l2evict was named)",
+            "it fell back: stock b12x, 0 bytes (its WARNING line says why)",
+            _USAGE_ERROR,
+        ),
     ),
     "plan": (
         "flare-l2evict plan model.safetensors.index.json --tp 2",
-        "0 every rank would credit, or the plugin is disabled by config; 1 any rank would fall "
-        "back (so every rank credits 0); 2 a usage or input error",
+        (
+            "every rank would credit, or the plugin is disabled by config",
+            "a rank would fall back, so every rank credits 0 (its reason is under its row)",
+            _USAGE_ERROR,
+        ),
     ),
     "check": (
         "flare-l2evict check model.safetensors --config deploy.toml",
-        "0 the plugin would install and credit, or is disabled by config; 1 it would fall back "
-        "(with --races: or the plugin changed a race's winner more than stock's own re-run "
-        "did); 2 a usage or input error (with --races: no CUDA device here)",
+        (
+            "the plugin would install and credit, or is disabled by config",
+            "it would fall back (the reason is under the verdict); with --races, also: the "
+            "plugin changed more race winners than stock's own re-run did",
+            _USAGE_ERROR + "; with --races: no CUDA device here",
+        ),
     ),
     "bench": (
         "flare-l2evict bench --device cuda:0 --out bench-out",
-        "0 the figures were written; 2 a usage or input error (no CUDA device here)",
+        ("the figures were written", "(not used)", _USAGE_ERROR + "; no CUDA device here"),
     ),
     "example": (
         "flare-l2evict example --out example",
-        "0 the files were written; 2 a usage or input error (nothing written)",
+        ("the files were written", "(not used)", _USAGE_ERROR + "; nothing written"),
     ),
 }
-"""Each command's ``--help`` tail: one example and its exit codes."""
+"""Each command's ``--help`` tail: one example, and what exit 0, 1 and 2 mean."""
 
 
 def _epilog(command: str) -> str:
     example, codes = _EXAMPLES[command]
-    return f"example:\n  {example}\n\n" + "\n".join(textwrap.wrap(f"exit codes: {codes}.", 80))
+    lines = ["example:", f"  {example}", "", "exit codes:"]
+    for code, meaning in enumerate(codes):
+        lines += textwrap.wrap(meaning, 78, initial_indent=f"  {code}  ", subsequent_indent="     ")
+    return "\n".join(lines)
 
 
 def _add_verbosity(parser: argparse.ArgumentParser) -> None:
