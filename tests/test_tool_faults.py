@@ -75,7 +75,7 @@ def test_cuda_bindings_in_another_shape_are_a_reader_that_does_not_work(
     bindings.runtime = _BindingsStandIn(answer)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "cuda", ModuleType("cuda"))
     monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
-    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", bindings.runtime)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", bindings.runtime)
     with pytest.raises(RuntimeError, match=r"cuda-bindings answered .*not \(error, value\)"):
         _persisting_l2._via_cuda_bindings(0)
 
