@@ -45,7 +45,7 @@ def test_a_seam_module_replaced_by_a_non_module_is_one_reason(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     importlib.import_module(stock_row().module_path)  # the real module first, then replaced
-    monkeypatch.setitem(sys.modules, stock_row().module_path, 42)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, stock_row().module_path, 42)
     code, out, err = run(capsys, "check", "--device", "cpu")
     assert "Traceback" not in out + err
     assert code == 1  # start-up would fall back on it too
