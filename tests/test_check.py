@@ -428,3 +428,43 @@ def test_gpu_check_races_agrees_with_stock_within_a_minute(
     assert races["peak_bytes"]["plugin"] < races["peak_bytes"]["stock"]
     assert races["peak_bytes"]["stock"] >= figures["stock_buffer"]["bytes"]
     assert wall < 60, f"check --races took {wall:.1f} s"
+
+
+# --- check --races, off the GPU -----------------------------------------------------------
+
+
+def test_races_without_a_cuda_device_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    for argv in (["check", "--races"], ["check", "--races", "--device", "cpu"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == "", argv
+        (line,) = err.splitlines()
+        assert "--races runs b12x's races on a CUDA device" in line and "; fix: " in line
+
+
+def _agreement(stock: list[float], plugin: list[float], rerun: list[float]) -> Any:
+    """The judgement of one race's latencies per arm (both repeats alike)."""
+    from flare_l2evict.tools._races_check import RaceAgreement, _judge
+
+    result = RaceAgreement(races=1, repeats=2)
+    seen = {"stock": stock, "plugin": plugin, "stock_rerun": rerun}
+    _judge(result, {arm: [[tuple(lat)], [tuple(lat)]] for arm, lat in seen.items()})
+    return result
+
+
+def test_races_agree_where_the_plugin_changes_no_more_winners_than_stocks_rerun() -> None:
+    same = _agreement([10.0, 14.0], [10.1, 14.2], [10.0, 13.9])
+    assert same.agrees and same.changed == {"plugin": 0, "stock_rerun": 0}
+    # A near-tie that flips (within 1% under stock's timings) is no change.
+    tie = _agreement([10.0, 10.05], [10.2, 10.1], [10.0, 10.05])
+    assert tie.agrees and tie.changed["plugin"] == 0 and tie.winners["plugin"] == [[1], [1]]
+    # A warm eviction picks the other candidate, which costs 40% under stock's timings.
+    warm = _agreement([10.0, 14.0], [9.0, 7.0], [10.1, 14.1])
+    assert not warm.agrees and warm.changed == {"plugin": 2, "stock_rerun": 0}
+    assert warm.regret["plugin"] == pytest.approx(0.4)
+    # Where stock's own re-run flips as far, the plugin's flip is within what races do.
+    noisy = _agreement([10.0, 14.0], [9.0, 7.0], [15.0, 7.0])
+    assert noisy.agrees

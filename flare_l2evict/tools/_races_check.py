@@ -111,9 +111,10 @@ def race_check(
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     window = settings.window_bytes(l2)
     # The resident tensor the plugin's arm reads: one storage of the window's size.
-    resident = {
-        "check_races.weights": torch.zeros(window // 2, dtype=torch.bfloat16, device=device)
-    }
+    # Held here as well as in the mapping: resident memory the program keeps, as a server's
+    # weights are, not memory only the block would keep alive.
+    weights = torch.zeros(window // 2, dtype=torch.bfloat16, device=device)
+    resident = {"check_races.weights": weights}
     latencies: dict[str, list[list[tuple[float, ...]]]] = {arm: [] for arm in ARMS}
     try:
         races = [gemm_race(m, n, k, device) for m, n, k in SHAPES]
@@ -153,8 +154,13 @@ def race_check(
             f"--races needs b12x's race machinery ({shown(str(error), 200)}); fix: pip install "
             "'flashinfer-python>=0.7.2' (or b12x>=1.5)"
         ) from None
+    except Exception as error:  # b12x's own refusal inside a race (its guard, a launch)
+        raise L2EvictError(
+            f"--races: a race raised {type(error).__name__} ({shown(str(error), 300)}); "
+            "fix: run check without --races, and report this line"
+        ) from None
     finally:
-        del races, resident
+        del races, resident, weights
         torch.cuda.empty_cache()
     result.seconds = time.perf_counter() - began
     if result.reason is None:
