@@ -73,7 +73,7 @@ TRY: tuple[tuple[str, str], ...] = (
     ),
     (
         "On the per-rank files: on gb202 (the default profile) each rank's shard is short "
-        "of the 256 MiB window, so each says why and the ranks agree on 0:",
+        "of the 256 MiB window, so each says why, the ranks agree on 0, and plan exits 1:",
         "plan {dir}/rank0.safetensors {dir}/rank1.safetensors --tp 2 --per-rank",
     ),
     (
