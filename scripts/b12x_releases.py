@@ -24,11 +24,12 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 PACKAGES = ("b12x", "flashinfer-python")
 """The distributions that ship b12x."""
@@ -44,8 +45,31 @@ ListVersions = Callable[[str], list[str]]
 """Every version of a distribution on the registry, pre-releases included."""
 
 
+class TableError(Exception):
+    """A release table or a release name that cannot be used: one line, the cause and the fix."""
+
+
 def read_table(path: Path = TABLE) -> dict[str, Verdict]:
-    table: dict[str, Verdict] = json.loads(path.read_text())
+    """The table at ``path``, every row checked: NAME==VERSION keys, installs and reason.
+
+    Raises :class:`TableError` naming the file and the first bad row.
+    """
+    fix = f"fix: restore it (git checkout {path.name}) or correct the row named"
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise TableError(
+            f"{path}: not a readable JSON release table ({type(error).__name__}: "
+            f"{' '.join(str(error).split())[:200]}); {fix}"
+        ) from None
+    if not isinstance(table, dict):
+        raise TableError(f"{path}: a JSON {type(table).__name__}, not an object of rows; {fix}")
+    for release, row in table.items():
+        _key(release, where=f"{path}: row {release[:100]!r}")
+        if not isinstance(row, dict) or not isinstance(row.get("installs"), bool):
+            raise TableError(f"{path}: row {release!r} has no true/false 'installs'; {fix}")
+        if not isinstance(row.get("reason"), str) or not row["reason"]:
+            raise TableError(f"{path}: row {release!r} has no 'reason'; {fix}")
     return table
 
 
@@ -55,16 +79,25 @@ def write_table(table: dict[str, Verdict], path: Path = TABLE) -> None:
     path.write_text(json.dumps(ordered, indent=2) + "\n")
 
 
-def _split(release: str) -> tuple[str, str]:
+def _split(release: str, where: str | None = None) -> tuple[str, str]:
     name, _, version = release.partition("==")
     if name not in PACKAGES or not version:
-        raise SystemExit(f"error: {release!r} is not NAME==VERSION with NAME in {PACKAGES}")
+        raise TableError(
+            f"{where or repr(release[:100])}: not NAME==VERSION with NAME one of "
+            f"{', '.join(PACKAGES)}; fix: write it as, e.g., flashinfer-python==0.7.4"
+        )
     return name, version
 
 
-def _key(release: str) -> tuple[str, Version]:
-    name, version = _split(release)
-    return name, Version(version)
+def _key(release: str, where: str | None = None) -> tuple[str, Version]:
+    name, version = _split(release, where)
+    try:
+        return name, Version(version)
+    except InvalidVersion:
+        raise TableError(
+            f"{where or repr(release[:100])}: {version[:100]!r} is not a version (PEP 440); "
+            "fix: write the release's version as the registry lists it, e.g. 0.7.2rc6"
+        ) from None
 
 
 _PROBE = r"""
@@ -117,20 +150,39 @@ _PIP_DOWNLOAD = [
 ]
 
 
-def _wheel(name: str, version: str, cache: Path) -> Path:
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _wheel(name: str, version: str, cache: Path, log: Callable[[str], None] = _progress) -> Path:
     stem = name.replace("-", "_")
     found = sorted(cache.glob(f"{stem}-{version}-*.whl"))
-    if not found:
+    if found:
+        log(f"  wheel {found[0].name}: in the cache ({found[0].stat().st_size / 1e6:,.1f} MB)")
+    else:
+        log(f"  downloading {name}=={version} (no dependencies) into {cache} ...")
+        began = time.perf_counter()
         subprocess.run(
             [*_PIP_DOWNLOAD, "-d", str(cache), f"{name}=={version}"],
             check=True,
         )
         found = sorted(cache.glob(f"{stem}-{version}-*.whl"))
+        if not found:
+            raise TableError(
+                f"pip download {name}=={version} left no wheel in {cache}; fix: check that "
+                "the registry has a wheel of it (pip download --only-binary=:all:)"
+            )
+        log(
+            f"  downloaded {found[0].name}: {found[0].stat().st_size / 1e6:,.1f} MB in "
+            f"{time.perf_counter() - began:.1f} s"
+        )
     return found[0]
 
 
-def verdict(name: str, version: str, cache: Path) -> dict[str, object]:
-    wheel = _wheel(name, version, cache)
+def verdict(
+    name: str, version: str, cache: Path, log: Callable[[str], None] = _progress
+) -> dict[str, object]:
+    wheel = _wheel(name, version, cache, log)
     prefix = "b12x/" if name == "b12x" else "flashinfer/experimental/b12x/"
     with tempfile.TemporaryDirectory() as root, zipfile.ZipFile(wheel) as archive:
         archive.extractall(root, [m for m in archive.namelist() if m.startswith(prefix)])
@@ -213,6 +265,14 @@ def main(argv: Sequence[str] | None = None, list_versions: ListVersions = regist
     parser.add_argument("--readme-path", type=Path, default=README, help=argparse.SUPPRESS)
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "b12x-wheels")
     args = parser.parse_args(argv)
+    try:
+        return _run(args, list_versions)
+    except TableError as error:
+        print(f"error: {SCRIPT}: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, list_versions: ListVersions) -> int:
     table = read_table(args.table)
     if args.readme:
         print(render_readme(table))
@@ -232,7 +292,18 @@ def main(argv: Sequence[str] | None = None, list_versions: ListVersions = regist
         return 0
     args.cache.mkdir(parents=True, exist_ok=True)
     releases = list(args.judge) or list(table)
-    results = {r: verdict(*_split(r), args.cache) for r in releases}
+    for release in releases:
+        _key(release)  # every name checked before the first download
+    results: dict[str, Verdict] = {}
+    began = time.perf_counter()
+    for number, release in enumerate(releases, 1):
+        _progress(f"judging {release} ({number}/{len(releases)}) ...")
+        got = results[release] = verdict(*_split(release), args.cache)
+        said = "installs" if got["installs"] else "falls back"
+        _progress(
+            f"  {release}: {said} ({number}/{len(releases)} judged, "
+            f"{time.perf_counter() - began:.0f} s so far)"
+        )
     for release, got in results.items():
         print(f"{release:32} {'installs' if got['installs'] else 'falls back'}: {got['reason']}")
     failed = [r for r, got in results.items() if got.get("error")]
@@ -247,7 +318,14 @@ def main(argv: Sequence[str] | None = None, list_versions: ListVersions = regist
     if failed:
         print(f"release matrix: verdicts differ or failed for {', '.join(failed)}", file=sys.stderr)
         return 1
-    print(f"release matrix: {len(results)} releases judged as recorded")
+    if args.check:
+        print(f"release matrix: {len(results)} releases judged as recorded")
+    else:
+        # Nothing was compared: say only what was done (--check compares with the table).
+        print(
+            f"release matrix: {len(results)} releases judged, not compared with the table "
+            "(--check compares them)"
+        )
     return 0
 
 

@@ -5,8 +5,15 @@
 # Wheels for what the machine lacks (b12x, pydantic, this package for its entry
 # point) are expected under .whl/ (see scripts/gpu_wheels.sh). Logs and figures
 # go to $OUT (default /tmp/flare-l2evict-gpu). Prints a short table last.
+# Exit 2, in one line, on a machine with no CUDA device: before anything runs.
 set -uo pipefail
 OUT=${OUT:-/tmp/flare-l2evict-gpu}
+if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+    >/dev/null 2>&1; then
+    echo "error: scripts/gpu_suite.sh: no CUDA device here (torch.cuda.is_available() is not" \
+        "True, or torch does not import); fix: run it on the GPU machine" >&2
+    exit 2
+fi
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -15,7 +22,36 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -c "import torch, importlib.metadata as m; print('torch', torch.__version__, '| b12x', m.version('b12x'))" | tee -a "$OUT/gpu.txt"
+# The b12x provider, whichever package ships it (flashinfer-python has no b12x distribution).
+python3 - <<'PY' | tee -a "$OUT/gpu.txt"
+import importlib.metadata as metadata
+
+import torch
+
+
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+try:
+    import b12x
+
+    path = getattr(b12x, "__file__", None) or "a namespace package"
+except ImportError as error:
+    path, provider = None, f"none importable ({error})"
+if path is not None:
+    if "/flashinfer/" in path:
+        provider = f"flashinfer-python {version('flashinfer-python')}"
+    elif version("b12x"):
+        provider = f"standalone b12x {version('b12x')}"
+    else:
+        provider = "b12x with no installed distribution"
+    provider += f" ({path})"
+print("torch", torch.__version__, "| b12x provider:", provider)
+PY
 
 python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py tests/test_gpu_host.py \
     tests/test_cute_guard.py tests/test_readme.py tests/test_tp_nccl.py tests/test_gpu_freed.py \

@@ -343,3 +343,101 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path, command: str) -> Non
     )
     assert done.returncode == 2 and done.stdout == ""
     assert _SHAPE.match(done.stderr) and "not a" in done.stderr, done.stderr
+
+
+# --- example --out DIR writes only inside DIR (issue 28, item 5) --------------------------
+
+
+def _outside(tmp_path: Path) -> tuple[Path, bytes]:
+    outside = tmp_path / "outside" / "precious.txt"
+    outside.parent.mkdir()
+    outside.write_bytes(b"the operator's own file\n")
+    return outside, outside.read_bytes()
+
+
+@pytest.mark.parametrize("name", ["deploy.toml", "model.safetensors", "COMMANDS.md"])
+def test_example_never_writes_through_a_hard_link(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str
+) -> None:
+    outside, before = _outside(tmp_path)
+    out = tmp_path / "ex"
+    out.mkdir()
+    (out / name).hardlink_to(outside)
+    code, _, err = run(capsys, "example", "--out", str(out))
+    assert code == 0, err
+    assert outside.read_bytes() == before and outside.stat().st_nlink == 1
+    assert not (out / name).samefile(outside) and (out / name).stat().st_size > 0
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_example_never_writes_through_a_symlink_planted_after_the_check(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link that appears between the refusal of links and the writes is not followed."""
+    from flare_l2evict.tools import _example
+
+    outside, before = _outside(tmp_path)
+    out = tmp_path / "ex"
+    checked = _example._refuse_links
+
+    def check_then_plant(directory: Path) -> None:
+        checked(directory)  # the real check: it finds no link
+        for name in ("deploy.json", "model-00001-of-00002.safetensors"):
+            (directory / name).symlink_to(outside)  # the race an attacker wins
+
+    monkeypatch.setattr(_example, "_refuse_links", check_then_plant)
+    code, _, err = run(capsys, "example", "--out", str(out))
+    assert code == 0, err
+    assert outside.read_bytes() == before
+    assert not (out / "deploy.json").is_symlink()
+    assert json.loads((out / "deploy.json").read_text())["plugins"]["l2evict"]["enabled"]
+    assert sorted(p.name for p in outside.parent.iterdir()) == ["precious.txt"]
+
+
+def test_every_parser_refuses_abbreviations_and_takes_q_and_v(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from flare_l2evict.tools._cli import _parser
+
+    parser = _parser()
+    assert not parser.allow_abbrev
+    for name, sub in parser.commands.items():
+        assert not sub.allow_abbrev, name
+        flags = {flag for action in sub._actions for flag in action.option_strings}
+        assert {"-q", "--quiet", "-v", "--verbose"} <= flags, name
+        text = sub.format_help()
+        assert "\nexample:\n  flare-l2evict " + name in text, name
+        assert "\nexit codes:\n  0  " in text and "\n  2  a usage or input error" in text, name
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "x.safetensors", "--split-d", "1"])
+    assert exited.value.code == 2 and "unrecognized arguments: --split-d" in capsys.readouterr().err
+
+
+def test_quiet_logs_only_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    """-q: the plugin's INFO credit line is not logged; stdout is the same table."""
+    script = (
+        "import logging, sys\n"
+        "from flare_l2evict.tools._cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "raise SystemExit(code)\n"
+    )
+    loud = subprocess.run(
+        [sys.executable, "-c", script, "startup", "--plugin", "l2evict", "--profile", "h100"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    quiet = subprocess.run(
+        [sys.executable, "-c", script, "startup", "--plugin", "l2evict", "--profile", "h100",
+         "-q"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "INFO flare_l2evict: reclaimed" in loud.stderr
+    assert "INFO" not in quiet.stderr and quiet.stdout == loud.stdout
+
+
+def test_every_json_object_carries_its_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (
+        ["startup", "--plugin", "l2evict", "--profile", "h100", "--json"],
+        ["check", "--device", "cpu", "--json"],
+    ):
+        main(argv)
+        assert json.loads(capsys.readouterr().out)["schema"] == 1, argv

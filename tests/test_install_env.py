@@ -170,9 +170,55 @@ def dry_run(python: Path, constraint: Path | None, *, wheel: Path) -> Report:
     )
 
 
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def registry_problem() -> str | None:
+    """Why pip cannot reach a package registry from here, or None where it can.
+
+    The build (its isolated build environment) and every dry run ask the
+    registry pip is configured with; ``pip index versions`` of one of the
+    plugin's own dependencies is the smallest question of the same kind.
+    """
+    if os.environ.get("PIP_NO_INDEX", "").strip().lower() in _TRUE:
+        return "PIP_NO_INDEX is set"
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-m", "pip", "index", "versions", "pluggy"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        )
+    except subprocess.TimeoutExpired:
+        return "pip index versions pluggy timed out after 60 s"
+    if probe.returncode != 0 or "Available versions:" not in probe.stdout:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"pip index versions pluggy failed ({last[:200]})"
+    return None
+
+
+def needs_registry() -> None:
+    """Skip, in one line naming what is missing, where no registry answers; under CI, fail.
+
+    CI (``CI`` set true, as GitHub Actions and .ci/run set it) must run these
+    tests, so there a missing registry is an error, never a quiet skip.
+    """
+    problem = registry_problem()
+    if problem is None:
+        return
+    if os.environ.get("CI", "").strip().lower() in _TRUE:
+        pytest.fail(f"CI is set, and these tests need the package registry: {problem}")
+    pytest.skip(
+        f"needs the package registry (pip builds the wheel and resolves the plugin's "
+        f"dependencies): {problem}"
+    )
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This package's wheel, built once from a copy of the tree (the build writes in-tree)."""
+    needs_registry()
     source = tmp_path_factory.mktemp("source") / "flare-l2evict"
     shutil.copytree(
         ROOT,
@@ -289,3 +335,30 @@ def test_the_wheel_ships_what_check_reads(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "flare_l2evict/tools/b12x_releases.json" in names
     assert "flare_l2evict/py.typed" in names
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("", "skipped"), ("true", "error")])
+def test_without_the_registry_these_tests_skip_in_one_line_and_ci_fails(
+    ci: str, outcome: str
+) -> None:
+    """``PIP_NO_INDEX=1``: a skip naming what is missing; with ``CI=true``, an error instead."""
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+            f"{__file__}::test_the_wheel_ships_what_check_reads",
+        ],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env={**os.environ, "PIP_NO_INDEX": "1", "CI": ci},
+    )  # fmt: skip
+    assert f"1 {outcome}" in done.stdout, done.stdout[-3000:]
+    if outcome == "skipped":
+        assert done.returncode == 0
+        assert (
+            "needs the package registry (pip builds the wheel and resolves the plugin's "
+            "dependencies): PIP_NO_INDEX is set"
+        ) in done.stdout
+    else:
+        assert done.returncode != 0
+        assert "CI is set, and these tests need the package registry: PIP_NO_INDEX is set" in (
+            done.stdout
+        )

@@ -18,8 +18,11 @@ from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_sp
 
 
 def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
-    assert main(["plan", *argv, "--json"]) == 0
+    code = main(["plan", *argv, "--json"])
     plan: dict[str, Any] = json.loads(capsys.readouterr().out)
+    # One meaning per exit code (issue 29): 1 when any rank falls back, so all credit 0.
+    assert code == plan["exit_code"] == (1 if plan["agreed_reclaimed_bytes"] == 0 else 0)
+    assert plan["schema"] == 1
     return plan
 
 
@@ -258,7 +261,7 @@ def test_a_rank_that_falls_back_fits_100_columns_with_its_reason_under_it(
     long_name = "model.layers.0." + "very_long_module_name." * 10 + "weight"
     rank0 = write_checkpoint({long_name: torch.zeros(32 * MiB)}, "rank0.safetensors")
     rank1 = write_checkpoint({"w.rank1": torch.zeros(MiB)}, "rank1.safetensors")
-    assert main(["plan", str(rank0), str(rank1), "--tp", "2", "--per-rank", "--l2-mib", "16"]) == 0
+    assert main(["plan", str(rank0), str(rank1), "--tp", "2", "--per-rank", "--l2-mib", "16"]) == 1
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert max(map(len, lines)) <= 100

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from flare_l2evict._errors import L2EvictError
-from flare_l2evict._text import one_line, shown
+from flare_l2evict._text import shown
+from flare_l2evict.tools._lines import one_line
 
 PROG = "python -m benchmarks.bench"
 SECTIONS = ("memory", "cost", "coldness", "races", "hook")

@@ -52,25 +52,32 @@ def run_check(
     config: Path | None = None,
     checkpoint: Sequence[Path] = (),
     as_json: bool = False,
+    settings: L2EvictSettings | None = None,
+    headers: list[TensorHeader] | None = None,
+    races: bool = False,
 ) -> int:
-    """Print the preflight; 0 if the plugin would install and credit, 1 if it would fall back.
+    """Print the preflight; 0 if the plugin would install and credit (or is disabled by
+    config), 1 if it would fall back (or, with ``races``, changed a winner).
 
     ``device_reason`` says why this device was checked (given, or the default
     on this machine); the first line says it. ``profile`` gives the race jobs,
     and L2 off CUDA. With ``as_json`` the report is one JSON object instead.
+    ``settings`` and ``headers``, where the caller read them already, stand
+    for ``config`` and ``checkpoint``. ``races`` (CUDA only) also runs
+    :func:`~flare_l2evict.tools._races_check.race_check`.
     """
     # Every input is read before the first line, so bad input is one line on
     # stderr and nothing on stdout; then each step prints as it finishes, so a
     # step that hangs or crashes on a GPU still shows the ones before it.
-    deployment: dict[str, Any] = load_deployment_config(config) if config else {}
-    settings = settings_from_config(deployment)
-    headers = None
-    if checkpoint:
+    if settings is None:
+        deployment: dict[str, Any] = load_deployment_config(config) if config else {}
+        settings = settings_from_config(deployment)
+    if headers is None and checkpoint:
         from ._headers import read_checkpoint
 
         headers = read_checkpoint(list(checkpoint))
     report = _Report(quiet=as_json)
-    report.figures |= {"device": str(device), "device_reason": device_reason}
+    report.figures |= {"schema": 1, "device": str(device), "device_reason": device_reason}
     own = _version("flare-l2evict") or "(not installed)"
     report.figures["flare_l2evict"] = own
     report.line(f"flare-l2evict {own} check on {device} ({device_reason})")
@@ -79,7 +86,12 @@ def run_check(
     if not settings.enabled:
         blocked = DISABLED
     granted = _storage_and_credit(report, headers, settings, basis, blocked)
-    if granted.nbytes == 0:
+    if not settings.enabled:
+        # The operator's choice, not a fault: stock b12x, and nothing to act on.
+        report.figures |= {"verdict": "disabled", "credit_bytes": 0, "reason": DISABLED}
+        report.because("verdict: disabled by config, credit 0 bytes (stock b12x)", DISABLED)
+        code = 0
+    elif granted.nbytes == 0:
         reason = granted.reason or "nothing to credit"
         report.figures |= {"verdict": "falls back", "credit_bytes": 0, "reason": reason}
         report.because("verdict: falls back, credit 0 bytes", shown(reason, 600))
@@ -92,6 +104,13 @@ def run_check(
             "less the eviction's own outputs and kernel code",
         )
         code = 0
+    if races:
+        from ._races_check import race_check
+
+        agreed = race_check(device, settings, report.line)
+        report.figures["races"] = agreed.as_dict()
+        if not agreed.agrees:
+            code = 1
     report.figures["exit_code"] = code
     if as_json:
         print(json.dumps(report.figures, indent=2))
@@ -160,12 +179,19 @@ def _basis(
     l2_source = f"profile {profile.name}" if l2_from_profile else "read from the device"
     report.figures |= {"l2_cache_bytes": l2, "l2_source": l2_source, "race_jobs": profile.race_jobs}
     report.line(f"device: {device} (L2 {l2:,} bytes, {l2_source})")
-    _persisting_l2(report, device)
+    _persisting_l2(report, device, l2)
     blocked: str | None = None
     try:
         basis = measure_basis(device, l2, settings, profile.race_jobs)
     except InstallError as error:
         blocked = str(error)
+    except Exception as error:  # the runtime's own fault: start-up falls back on it too
+        blocked = (
+            f"the seam proof raised {type(error).__name__} ({shown(str(error), 200)}): the b12x "
+            "modules loaded are not what the plugin knows (a module replaced or patched?); "
+            "fix: run check in a fresh process, or reinstall the b12x provider"
+        )
+    if blocked is not None:
         formula = StockBuffer(stock_buffer_bytes(l2), measured=False)
         basis = CreditBasis(l2, settings.window_bytes(l2), formula, profile.race_jobs, None)
         report.figures["seam"] = {"verdict": "falls back", "via": None, "reason": blocked}
@@ -245,15 +271,21 @@ def _storage_and_credit(
     return decision.credit
 
 
-def _persisting_l2(report: _Report, device: torch.device) -> None:
-    """The carve-out's figure on its line; where it was read, and any fix, under it."""
-    from ._persisting_l2 import FIX, persisting_l2_line
+def _persisting_l2(report: _Report, device: torch.device, l2_cache_bytes: int) -> None:
+    """The set-aside's figure on its line, as information; where it was read under it.
 
-    line, figures = persisting_l2_line(device)
+    It never changes the verdict or the exit code: the set-aside holds only lines
+    a kernel marks persisting, for stock's races and the plugin's alike.
+    """
+    from ._persisting_l2 import ACT, persisting_l2_line
+
+    line, figures = persisting_l2_line(device, l2_cache_bytes)
     report.figures["persisting_l2"] = figures
     nbytes = figures.get("bytes")
     if not figures["applicable"]:
         report.line(line)
+    elif "fault" in figures:
+        report.line("persisting L2 carve-out: not read", line.partition("not read: ")[2])
     elif nbytes is None:
         report.line("persisting L2 carve-out: not read", shown(str(figures.get("via")), 600))
     else:
@@ -262,9 +294,9 @@ def _persisting_l2(report: _Report, device: torch.device) -> None:
             report.line("persisting L2 carve-out: 0 bytes: every L2 line can be evicted", read)
         else:
             report.line(
-                f"persisting L2 carve-out: {nbytes:,} bytes: races may run warm there",
-                f"{read}: lines held there survive stock's eviction and the plugin's read; "
-                f"fix: {FIX}",
+                f"persisting L2 carve-out: {nbytes:,} bytes set aside (information, not a fault)",
+                f"{read}: only lines a kernel marks persisting are held there, and they survive "
+                f"stock's eviction and the plugin's read alike; {ACT}",
             )
 
 

@@ -93,6 +93,14 @@ class _Parser(argparse.ArgumentParser):
     commands: Mapping[str, argparse.ArgumentParser]
     """Each command's parser by name (on the top-level parser): its errors name its --help."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No abbreviations: `--race-job 3` taken as `--race-jobs 3` today is a silent break
+        # tomorrow, when a flag that shares the prefix is added. Subparsers are made by this
+        # class too, so every command gets the same rules.
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         if "required: command" in message:
             fix = (
@@ -278,6 +286,12 @@ def _parser() -> _Parser:
     check.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
     _add_profile_flags(check)
     check.add_argument("--json", action="store_true", help="print one JSON object of every figure")
+    check.add_argument(
+        "--races",
+        action="store_true",
+        help="on a GPU: also run a small set of real b12x races, stock against the plugin, "
+        "and compare their winners and memory (about a minute)",
+    )
 
     example = commands.add_parser(
         "example",
@@ -291,7 +305,81 @@ def _parser() -> _Parser:
         metavar="DIR",
         help="directory to write (made if missing)",
     )
+    for name, sub in commands.choices.items():
+        _add_verbosity(sub)
+        sub.epilog = _epilog(name)
+    parser.epilog = (
+        "example:\n  flare-l2evict startup --plugin l2evict\n\n"
+        "exit codes (startup, plan, check; each command's --help says its own):\n"
+        "  0  the plugin installs and credits, or is disabled by config\n"
+        "  1  it falls back, on this device or on any rank\n"
+        "  2  a usage or input error"
+    )
     return parser
+
+
+EXIT_INSTALLS, EXIT_FALLS_BACK, EXIT_USAGE = 0, 1, 2
+"""One meaning per exit code, for startup, plan and check (``--help`` says it per command)."""
+
+_USAGE_ERROR = "a usage or input error (one line on stderr: the cause and the fix)"
+_EXAMPLES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "startup": (
+        "flare-l2evict startup --plugin l2evict --config deploy.toml model.safetensors",
+        (
+            "the plugin installed and credited, or is disabled by config (or no --plugin "
+            "l2evict was named)",
+            "it fell back: stock b12x, 0 bytes (its WARNING line says why)",
+            _USAGE_ERROR,
+        ),
+    ),
+    "plan": (
+        "flare-l2evict plan model.safetensors.index.json --tp 2",
+        (
+            "every rank would credit, or the plugin is disabled by config",
+            "a rank would fall back, so every rank credits 0 (its reason is under its row)",
+            _USAGE_ERROR,
+        ),
+    ),
+    "check": (
+        "flare-l2evict check model.safetensors --config deploy.toml",
+        (
+            "the plugin would install and credit, or is disabled by config",
+            "it would fall back (the reason is under the verdict); with --races, also: the "
+            "plugin changed more race winners than stock's own re-run did",
+            _USAGE_ERROR + "; with --races: no CUDA device here",
+        ),
+    ),
+    "example": (
+        "flare-l2evict example --out example",
+        ("the files were written", "(not used)", _USAGE_ERROR + "; nothing written"),
+    ),
+}
+"""Each command's ``--help`` tail: one example, and what exit 0, 1 and 2 mean."""
+
+
+def _epilog(command: str) -> str:
+    example, codes = _EXAMPLES[command]
+    lines = ["example:", f"  {example}", "", "exit codes:"]
+    for code, meaning in enumerate(codes):
+        lines += textwrap.wrap(meaning, 78, initial_indent=f"  {code}  ", subsequent_indent="     ")
+    return "\n".join(lines)
+
+
+def _add_verbosity(parser: argparse.ArgumentParser) -> None:
+    """``-q`` and ``-v`` on a command: the log's level (stdout never changes)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "-q", "--quiet", action="store_true", help="log warnings and errors only (stderr)"
+    )
+    group.add_argument("-v", "--verbose", action="store_true", help="log debug lines too")
+
+
+SCHEMA = 1
+"""``"schema"`` of every JSON object the CLI prints: raised when a key changes meaning."""
+
+
+def _json(figures: Mapping[str, Any]) -> str:
+    return json.dumps({"schema": SCHEMA, **figures}, indent=2)
 
 
 def _eviction_cell(result: StartupResult) -> str:
@@ -351,16 +439,22 @@ def _table(header: str, before: StartupResult, after: StartupResult, label: str)
 
 def _startup(args: argparse.Namespace) -> int:
     from .._settings import load_deployment_config, settings_from_config
-    from .._window import stock_window_bytes
-    from .reference_host import ReferenceHost, write_example_checkpoint
+    from ._inputs import refuse_unknown_plugins, refuse_unreadable_checkpoint
 
+    # Every input is checked before torch is imported: a typo is answered in under a second.
     config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
-    if "l2evict" in args.plugin:
-        settings_from_config(config)  # a bad section stops here, with its one-line message
+    ours = "l2evict" in args.plugin
+    # A bad section stops here, with its one-line message.
+    enabled = settings_from_config(config).enabled if ours else False
+    refuse_unknown_plugins(args.plugin)
     refuse_non_safetensors(args.checkpoint)
+    refuse_unreadable_checkpoint(args.checkpoint)
     profile = _profile(args)
     device = _device(args.device)
     import torch
+
+    from .._window import stock_window_bytes
+    from .reference_host import ReferenceHost, write_example_checkpoint
 
     l2 = (
         torch.cuda.get_device_properties(device).L2_cache_size
@@ -377,9 +471,11 @@ def _startup(args: argparse.Namespace) -> int:
         checkpoint = args.checkpoint or [write_example_checkpoint(scratch, stock_window_bytes(l2))]
         before = ReferenceHost(plugins=(), **common).start(checkpoint)
         after = ReferenceHost(plugins=args.plugin, **common).start(checkpoint)
+    # Fell back: asked for, enabled, and credited nothing (its WARNING line says why).
+    code = EXIT_FALLS_BACK if enabled and after.reclaimed_bytes == 0 else EXIT_INSTALLS
     if args.json:
-        print(json.dumps({"without": before.as_dict(), "with": after.as_dict()}, indent=2))
-        return 0
+        print(_json({"without": before.as_dict(), "with": after.as_dict(), "exit_code": code}))
+        return code
     what = shown(" ".join(map(str, args.checkpoint))) if args.checkpoint else "embedded example"
     header = (
         f"flare-l2evict startup: {what} on {device}\nprofile {profile.name} "
@@ -388,7 +484,7 @@ def _startup(args: argparse.Namespace) -> int:
     )
     label = " ".join(f"--plugin {name}" for name in args.plugin) or "with no --plugin"
     print(_table(header, before, after, label))
-    return 0
+    return code
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -426,9 +522,12 @@ def _plan(args: argparse.Namespace) -> int:
         estimate=estimate,
     )
     elapsed = time.perf_counter() - started
+    # The agreed figure is the minimum over ranks: 0 when any rank falls back.
+    falls_back = settings.enabled and plan.agreed_reclaimed_bytes == 0
+    code = EXIT_FALLS_BACK if falls_back else EXIT_INSTALLS
     if args.json:
-        print(json.dumps({**plan.as_dict(), "seconds": round(elapsed, 4)}, indent=2))
-        return 0
+        print(_json({**plan.as_dict(), "seconds": round(elapsed, 4), "exit_code": code}))
+        return code
     # The time to read headers is in --json ("seconds"): the table is the same every run.
     print(
         f"flare-l2evict plan: {plan.tensors:,} tensors in {plan.files:,} "
@@ -447,7 +546,7 @@ def _plan(args: argparse.Namespace) -> int:
         f"agreed across ranks (minimum): {plan.agreed_reclaimed_bytes:,} bytes = "
         f"{plan.agreed_kv_tokens_gained:,} KV tokens per rank"
     )
-    return 0
+    return code
 
 
 WIDTH = 100
@@ -531,9 +630,21 @@ def _example(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from .._settings import load_deployment_config, settings_from_config
+    from ._headers import read_checkpoint
+
+    # Every input is read before torch is imported: bad input is one line, in under a second.
+    deployment: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
+    settings = settings_from_config(deployment)
+    refuse_non_safetensors(args.checkpoint)
+    headers = read_checkpoint(list(args.checkpoint)) if args.checkpoint else None
+    if args.races and args.device is not None and not args.device.startswith("cuda"):
+        raise L2EvictError(
+            f"--races runs b12x's races on a CUDA device (--device {args.device} given); "
+            "fix: drop --device, or name cuda:N"
+        )
     from ._check import run_check
 
-    refuse_non_safetensors(args.checkpoint)
     if args.device is not None:
         reason = "--device"
     else:
@@ -542,6 +653,11 @@ def _check(args: argparse.Namespace) -> int:
         # On a GPU server the question is the GPU; a CPU profile there would mislead.
         if torch.cuda.is_available():
             args.device, reason = "cuda:0", "default: CUDA is available here"
+        elif args.races:
+            raise L2EvictError(
+                "--races runs b12x's races on a CUDA device, and there is none here; "
+                "fix: run it on the GPU machine, or drop --races"
+            )
         else:
             args.device = "cpu"
             reason = f"default: no CUDA device here, so profile {args.profile} stands in"
@@ -549,9 +665,10 @@ def _check(args: argparse.Namespace) -> int:
         device=_device(args.device),
         device_reason=reason,
         profile=_profile(args),
-        config=args.config,
-        checkpoint=args.checkpoint,
+        settings=settings,
+        headers=headers,
         as_json=args.json,
+        races=args.races,
     )
 
 
@@ -631,7 +748,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # argparse would blame the top-level parser; the command's --help lists its flags
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
+    level = (
+        logging.WARNING
+        if getattr(args, "quiet", False)
+        else logging.DEBUG
+        if getattr(args, "verbose", False)
+        else logging.INFO
+    )
+    logging.basicConfig(level=level, format="%(levelname)s %(message)s", stream=sys.stderr)
     commands = {
         "startup": _startup,
         "plan": _plan,
@@ -643,7 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands[args.command](args)
     except L2EvictError as error:
         _error(args.command, str(error), _fix_for(error))
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         _error(args.command, "interrupted; temporary files removed", "run the command again")
         return 130
@@ -653,6 +777,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{error.strerror or error} ({shown(str(error.filename or 'no file'))})",
             "check the path and its permissions",
         )
-        return 2
+        return EXIT_USAGE
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -7,7 +7,10 @@ TOML, YAML and JSON, and ``COMMANDS.md``, the commands to try on them.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import secrets
 import shlex
 import textwrap
 from pathlib import Path
@@ -70,7 +73,7 @@ TRY: tuple[tuple[str, str], ...] = (
     ),
     (
         "On the per-rank files: on gb202 (the default profile) each rank's shard is short "
-        "of the 256 MiB window, so each says why and the ranks agree on 0:",
+        "of the 256 MiB window, so each says why, the ranks agree on 0, and plan exits 1:",
         "plan {dir}/rank0.safetensors {dir}/rank1.safetensors --tp 2 --per-rank",
     ),
     (
@@ -140,35 +143,70 @@ def write_example(out: Path, window_bytes: int, *, shown_as: str | None = None) 
 
     Only the files named here are written; others in ``out`` are left alone.
     ``shown_as`` is how ``COMMANDS.md`` names the directory (default: ``out``).
+    Nothing outside ``out`` changes: each file is written through
+    :func:`_write_in`, never through a link found at its name.
     """
-    from .reference_host._example import example_specs, write_headers
+    from .reference_host._example import example_specs, safetensors_head
 
     out.mkdir(parents=True, exist_ok=True)
     _refuse_links(out)
     specs = example_specs(window_bytes)
-    written = [write_headers(out / "model.safetensors", specs)]
     half = (len(specs) + 1) // 2
     weight_map: dict[str, str] = {}
+    files: list[tuple[str, bytes, int | None]] = [("model.safetensors", *safetensors_head(specs))]
     for number, chunk in enumerate((specs[:half], specs[half:]), 1):
         name = f"model-{number:05d}-of-00002.safetensors"
-        written.append(write_headers(out / name, chunk))
+        files.append((name, *safetensors_head(chunk)))
         weight_map |= dict.fromkeys((tensor for tensor, _, _ in chunk), name)
-    index = out / "model.safetensors.index.json"
-    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1) + "\n")
-    written.append(index)
+    index = json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1) + "\n"
+    files.append(("model.safetensors.index.json", index.encode(), None))
     # Each rank's shard as plan's even-split estimate makes it: dim 0 halved where it
     # divides by the rank count, the tensor replicated otherwise.
     shard = [
         (name, dtype, (shape[0] // RANKS, *shape[1:]) if shape[0] % RANKS == 0 else shape)
         for name, dtype, shape in specs
     ]
-    written += [write_headers(out / f"rank{rank}.safetensors", shard) for rank in range(RANKS)]
+    files += [(f"rank{rank}.safetensors", *safetensors_head(shard)) for rank in range(RANKS)]
     for name, text in (
         ("deploy.toml", CONFIG_TOML),
         ("deploy.yaml", CONFIG_YAML),
         ("deploy.json", json.dumps(CONFIG, indent=2) + "\n"),
         ("COMMANDS.md", commands_note(shown_as or str(out))),
     ):
-        (out / name).write_text(text, encoding="utf-8")
-        written.append(out / name)
-    return written
+        files.append((name, text.encode("utf-8"), None))
+    # One descriptor for the directory: every name below is resolved in the directory
+    # that was checked, even if its path is swapped for a link meanwhile.
+    directory = os.open(out, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    try:
+        for name, data, size in files:
+            _write_in(directory, name, data, size)
+    finally:
+        os.close(directory)
+    return [out / name for name, _, _ in files]
+
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _write_in(directory: int, name: str, data: bytes, size: int | None = None) -> None:
+    """Make ``name`` in ``directory`` a new file holding ``data`` (a hole up to ``size``).
+
+    The data go to a new temporary file, created with ``O_EXCL | O_NOFOLLOW``
+    (no name planted there is followed or reused), then :func:`os.replace`
+    moves it over ``name``. A hard link or a symlink found at ``name``, even
+    one planted after :func:`_refuse_links`, is replaced as a directory entry:
+    the file it pointed at, inside or outside the directory, is unchanged.
+    """
+    temporary = f".{name}.{secrets.token_hex(8)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+    descriptor = os.open(temporary, flags, 0o666, dir_fd=directory)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            if size is not None:
+                handle.truncate(size)
+        os.replace(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=directory)
+        raise

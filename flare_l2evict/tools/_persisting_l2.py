@@ -14,12 +14,10 @@ from typing import Any
 
 import torch
 
+from .._text import shown
+
 LIMIT = 0x06
 """``cudaLimitPersistingL2CacheSize`` in the CUDA runtime's ``cudaLimit`` enum."""
-FIX = (
-    "cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0) and cudaCtxResetPersistingL2Cache() "
-    "in the server before start-up (or drop the access-policy windows that mark lines persisting)"
-)
 
 
 def persisting_l2_bytes(device: torch.device) -> tuple[int | None, str]:
@@ -46,14 +44,25 @@ def _via_cuda_bindings(index: int) -> int:
         from cuda.bindings import runtime as cudart
     except ImportError:
         from cuda import cudart  # cuda-python before 12.6
-    success = cudart.cudaError_t.cudaSuccess
-    (error,) = cudart.cudaSetDevice(index)
-    if error != success:
-        raise RuntimeError(f"cudaSetDevice: {error}")
-    error, value = cudart.cudaDeviceGetLimit(cudart.cudaLimit.cudaLimitPersistingL2CacheSize)
-    if error != success:
-        raise RuntimeError(f"cudaDeviceGetLimit: {error}")
-    return int(value)
+    # A release whose calls answer in another shape is a reader that does not work here
+    # (RuntimeError: the caller tries libcudart), never a traceback.
+    answer: Any = None
+    try:
+        success = cudart.cudaError_t.cudaSuccess
+        answer = cudart.cudaSetDevice(index)
+        (error,) = answer
+        if error != success:
+            raise RuntimeError(f"cudaSetDevice: {error}")
+        answer = cudart.cudaDeviceGetLimit(cudart.cudaLimit.cudaLimitPersistingL2CacheSize)
+        error, value = answer
+        if error != success:
+            raise RuntimeError(f"cudaDeviceGetLimit: {error}")
+        return int(value)
+    except (AttributeError, TypeError, ValueError) as unexpected:
+        raise RuntimeError(
+            f"cuda-bindings answered {shown(repr(answer), 80)} "
+            f"({type(unexpected).__name__}: {shown(str(unexpected), 120)}), not (error, value)"
+        ) from None
 
 
 def _via_libcudart() -> int:
@@ -73,8 +82,23 @@ def _via_libcudart() -> int:
     return int(value.value)
 
 
-def persisting_l2_line(device: torch.device) -> tuple[str, dict[str, Any]]:
-    """The report line about the carve-out, and its figures."""
+ACT = (
+    "act only if the server marks lines persisting and wants its races cold: "
+    "cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0) and cudaCtxResetPersistingL2Cache() "
+    "in the server before start-up"
+)
+"""When an operator would act on a set-aside above 0 bytes, and how."""
+
+
+def persisting_l2_line(
+    device: torch.device, l2_cache_bytes: int | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The report line about the carve-out, and its figures: information, never a verdict.
+
+    A figure outside ``0..l2_cache_bytes`` (a negative limit, or more than the
+    device's L2) is no set-aside but a device or driver fault: it is refused
+    (``bytes`` None, ``fault`` says what was answered), never printed as bytes.
+    """
     if device.type != "cuda":
         line = f"persisting L2: not applicable on {device} (a CUDA carve-out)"
         return line, {"applicable": False, "bytes": None}
@@ -82,11 +106,21 @@ def persisting_l2_line(device: torch.device) -> tuple[str, dict[str, Any]]:
     figures: dict[str, Any] = {"applicable": True, "bytes": nbytes, "via": via}
     if nbytes is None:
         return f"persisting L2 carve-out: not read ({via})", figures
+    top = l2_cache_bytes if l2_cache_bytes is not None else 1 << 40
+    if not 0 <= nbytes <= top:
+        figures |= {"bytes": None, "fault": f"cudaDeviceGetLimit answered {nbytes} via {via}"}
+        return (
+            f"persisting L2 carve-out: not read: cudaDeviceGetLimit answered {nbytes} via {via}, "
+            f"outside 0..{top:,} bytes (the L2): a device or driver fault, not a set-aside; "
+            "fix: check the driver (nvidia-smi) and run check in a fresh process",
+            figures,
+        )
     where = f"{nbytes:,} bytes (cudaLimitPersistingL2CacheSize, read via {via})"
     if nbytes == 0:
         return f"persisting L2 carve-out: {where}: every L2 line can be evicted", figures
     return (
-        f"persisting L2 carve-out: {where}: lines held there survive stock's eviction and the "
-        f"plugin's read, so races may run warm there; fix: {FIX}",
+        f"persisting L2 carve-out: {where} set aside (information, not a fault): only lines "
+        "a kernel marks persisting are held there, and they survive stock's eviction and the "
+        f"plugin's read alike; {ACT}",
         figures,
     )

@@ -6,6 +6,7 @@ safetensors checkpoint on a device, the start-up hooks, b12x race jobs, and a
 KV allocator that sizes the cache from what the plugins report.
 """
 
+from .._inputs import installed_plugins
 from .._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
 from ._checkpoint import load_checkpoint
 from ._example import example_tensors, write_example_checkpoint, write_sparse_index
@@ -14,7 +15,6 @@ from ._host import (
     ReferenceKVAllocator,
     ReferenceRuntime,
     StartupResult,
-    installed_plugins,
     plugin_manager,
 )
 from ._races import RaceResult, cute_guard, gemm_candidates, run_race

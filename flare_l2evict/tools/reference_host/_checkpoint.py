@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from ..._errors import CheckpointError
+from .._inputs import missing_checkpoint
 
 
 def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, torch.Tensor]:
@@ -22,10 +23,7 @@ def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, torch.T
 
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(
-            f"{path}: no such checkpoint; fix: pass a .safetensors file, or none for the "
-            "embedded example"
-        )
+        raise missing_checkpoint(path)
     if path.is_dir():
         raise CheckpointError(f"{path}: is a directory; fix: pass a single .safetensors file")
     if not path.is_file():  # /dev/zero, a FIFO: it exists, but reading it never ends
@@ -40,6 +38,13 @@ def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, torch.T
     except SafetensorError as error:
         raise CheckpointError(
             f"{path}: not a readable safetensors file ({error}); fix: re-export or re-download it"
+        ) from None
+    except MemoryError as error:  # the mmap of the file, refused (ulimit -v, overcommit)
+        detail = " ".join(str(error).split())[:200] or "out of memory"
+        raise CheckpointError(
+            f"{path}: cannot map its {path.stat().st_size:,} bytes into memory ({detail}); "
+            "fix: raise the address-space limit (ulimit -v) or free memory, or pass a smaller "
+            "checkpoint"
         ) from None
     except (OSError, RuntimeError) as error:
         detail = " ".join(str(error).split())[:200]

@@ -61,6 +61,16 @@ def write_headers(path: str | Path, specs: list[Spec]) -> Path:
     tensors in order, every value 0) without writing the zeros: a hole reads as
     zeros, so a 300 MiB example costs no disk on file systems with holes.
     """
+    head, size = safetensors_head(specs)
+    path = Path(path)
+    with path.open("wb") as handle:
+        handle.write(head)
+        handle.truncate(size)
+    return path
+
+
+def safetensors_head(specs: list[Spec]) -> tuple[bytes, int]:
+    """The bytes before the data of :func:`write_headers`'s file, and the file's whole size."""
     import json
     import math
 
@@ -76,11 +86,7 @@ def write_headers(path: str | Path, specs: list[Spec]) -> Path:
         offset += nbytes
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
-    path = Path(path)
-    with path.open("wb") as handle:
-        handle.write(len(raw).to_bytes(8, "little") + raw)
-        handle.truncate(8 + len(raw) + offset)
-    return path
+    return len(raw).to_bytes(8, "little") + raw, 8 + len(raw) + offset
 
 
 def write_example_checkpoint(directory: str | Path, window_bytes: int) -> Path:

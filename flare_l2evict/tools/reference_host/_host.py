@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from ..._report import ReclaimReport, StartupAudit
 from ..._seam_table import stock_seam
 from ..._window import stock_buffer_bytes
 from ...hookspecs import FlareStartupSpec
+from .._inputs import refuse_unknown_plugins
 from .._kv import kv_tokens
 from .._profiles import DeviceProfile
 from ._checkpoint import load_checkpoint
@@ -130,11 +130,6 @@ class StartupResult:
         return data
 
 
-def installed_plugins() -> list[str]:
-    """Names of the ``flare.plugins`` entry points installed in this environment."""
-    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
-
-
 def plugin_manager(plugins: Sequence[str]) -> pluggy.PluginManager:
     """A flare plugin manager holding exactly the named entry-point plugins."""
     pm = pluggy.PluginManager(PROJECT_NAME)
@@ -144,10 +139,10 @@ def plugin_manager(plugins: Sequence[str]) -> pluggy.PluginManager:
             pm.get_plugin(name) is None
             and pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name) == 0
         ):
-            known = ", ".join(installed_plugins()) or "none"
+            refuse_unknown_plugins([name])  # its one line, as the CLI says it before torch
             raise PluginNotFoundError(
-                f"--plugin {name}: no such flare plugin is installed (installed: {known}); "
-                "fix: pip install the package that provides it, or drop the flag"
+                f"--plugin {name}: its flare.plugins entry point registered no plugin; "
+                "fix: reinstall the package that provides it"
             )
     return pm
 

@@ -1,0 +1,232 @@
+"""``check --races``: a one-minute proof, on the GPU in hand, that the plugin's read races alike.
+
+Twelve real races (:mod:`._race_set`) run through b12x's own
+``prepare_race_steps`` and ``measure_race_steps`` under b12x's own
+``no_compilation()`` guard, three ways each repeat, in rotating order: stock
+b12x (its buffer), the plugin (inside :func:`flare_l2evict.evicting_from`,
+the program path of the same decision and installation as the hook, reading
+a resident tensor of the window's size), and stock again. Stock's re-run is
+the yardstick: races are timings, and a near-tie may flip between two stock
+runs. The plugin agrees when it changes no more winners than the re-run does.
+
+A winner "changes" only where the arm's winner costs more than
+:data:`TOLERANCE` above stock's winner under stock's own timings of that
+repeat (a tie within noise is no change). Each arm's race memory peak is the
+CUDA allocator's peak growth over its races: stock allocates its buffer per
+race, the plugin nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .._errors import L2EvictError
+from .._settings import L2EvictSettings
+from .._text import shown
+
+ARMS = ("stock", "plugin", "stock_rerun")
+REPEATS = 2
+TOLERANCE = 0.01
+"""A winner that costs at most 1% more than stock's under stock's timings is a tie, not a change."""
+
+
+@dataclass
+class RaceAgreement:
+    """What ``check --races`` found; ``agrees`` decides its exit code."""
+
+    races: int
+    repeats: int
+    winners: dict[str, list[list[int]]] = field(default_factory=dict)
+    """Per arm, per repeat, each race's winning candidate."""
+    changed: dict[str, int] = field(default_factory=dict)
+    """Per arm (not stock): races, over all repeats, whose winner changed beyond the tolerance."""
+    regret: dict[str, float] = field(default_factory=dict)
+    """Per arm: the worst cost of its winner over stock's, under stock's timings."""
+    peak_bytes: dict[str, int] = field(default_factory=dict)
+    spread: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per arm: its winner's latency over stock's winner's, lowest and highest."""
+    reclaimed_bytes: int = 0
+    reason: str | None = None
+    """Why the plugin's arm did not run (it fell back), or None."""
+    seconds: float = 0.0
+    cute_guard_stand_in: bool = False
+
+    @property
+    def agrees(self) -> bool:
+        if self.reason is not None:
+            return False
+        return self.changed.get("plugin", 0) <= self.changed.get("stock_rerun", 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "races": self.races,
+            "repeats": self.repeats,
+            "agrees": self.agrees,
+            "tolerance": TOLERANCE,
+            "winners": self.winners,
+            "changed": self.changed,
+            "max_regret": self.regret,
+            "peak_bytes": self.peak_bytes,
+            "winner_latency_ratio": {k: list(v) for k, v in self.spread.items()},
+            "reclaimed_bytes": self.reclaimed_bytes,
+            "reason": self.reason,
+            "seconds": round(self.seconds, 2),
+            "cute_guard_stand_in": self.cute_guard_stand_in,
+        }
+
+
+def _winner(latencies: tuple[float, ...]) -> int:
+    return min(range(len(latencies)), key=latencies.__getitem__)
+
+
+def race_check(
+    device: torch.device,
+    settings: L2EvictSettings,
+    line: Callable[..., None],
+) -> RaceAgreement:
+    """Run the race set on ``device`` (CUDA) three ways; ``line`` prints each report line.
+
+    Raises :class:`~flare_l2evict.L2EvictError` (one line) where the races
+    cannot run at all: no Triton, or no b12x race machinery.
+    """
+    try:
+        importlib.import_module("triton")
+    except ImportError as error:
+        raise L2EvictError(
+            f"--races needs Triton to build its race set ({shown(str(error), 120)}); "
+            "fix: pip install triton (torch's CUDA wheels bring it)"
+        ) from None
+    from .. import evicting_from
+    from ._race_set import SHAPES, gemm_race
+    from .reference_host import cute_guard, run_race
+
+    began = time.perf_counter()
+    result = RaceAgreement(races=len(SHAPES), repeats=REPEATS)
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    window = settings.window_bytes(l2)
+    # The resident tensor the plugin's arm reads: one storage of the window's size.
+    # Held here as well as in the mapping: resident memory the program keeps, as a server's
+    # weights are, not memory only the block would keep alive.
+    weights = torch.zeros(window // 2, dtype=torch.bfloat16, device=device)
+    resident = {"check_races.weights": weights}
+    latencies: dict[str, list[list[tuple[float, ...]]]] = {arm: [] for arm in ARMS}
+    try:
+        races = [gemm_race(m, n, k, device) for m, n, k in SHAPES]
+    except Exception as error:  # Triton that cannot build this kernel on this GPU
+        raise L2EvictError(
+            f"--races could not build its Triton race set on {device} "
+            f"({type(error).__name__}: {shown(str(error), 200)}); fix: run check without --races"
+        ) from None
+    try:
+        with cute_guard() as stand_in:
+            result.cute_guard_stand_in = stand_in
+            for repeat in range(REPEATS):
+                order = ARMS[repeat % len(ARMS) :] + ARMS[: repeat % len(ARMS)]
+                for arm in order:
+                    torch.cuda.synchronize(device)
+                    base = torch.cuda.memory_allocated(device)
+                    torch.cuda.reset_peak_memory_stats(device)
+                    if arm == "plugin":
+                        with evicting_from(
+                            resident, race_jobs=1, device=device, window=settings.window
+                        ) as report:
+                            result.reclaimed_bytes = report.reclaimed_bytes
+                            if report.reclaimed_bytes == 0:
+                                result.reason = report.reason or "the plugin fell back"
+                                break
+                            seen = [run_race(calls, device, None).latencies_us for calls in races]
+                    else:
+                        seen = [run_race(calls, device, None).latencies_us for calls in races]
+                    torch.cuda.synchronize(device)
+                    peak = torch.cuda.max_memory_allocated(device) - base
+                    result.peak_bytes[arm] = max(result.peak_bytes.get(arm, 0), peak)
+                    latencies[arm].append(seen)
+                if result.reason is not None:
+                    break
+    except ImportError as error:  # b12x without the race machinery the plugin knows
+        raise L2EvictError(
+            f"--races needs b12x's race machinery ({shown(str(error), 200)}); fix: pip install "
+            "'flashinfer-python>=0.7.2' (or b12x>=1.5)"
+        ) from None
+    except Exception as error:  # b12x's own refusal inside a race (its guard, a launch)
+        raise L2EvictError(
+            f"--races: a race raised {type(error).__name__} ({shown(str(error), 300)}); "
+            "fix: run check without --races, and report this line"
+        ) from None
+    finally:
+        del races, resident, weights
+        torch.cuda.empty_cache()
+    result.seconds = time.perf_counter() - began
+    if result.reason is None:
+        _judge(result, latencies)
+    _lines(result, line)
+    return result
+
+
+def _judge(result: RaceAgreement, latencies: dict[str, list[list[tuple[float, ...]]]]) -> None:
+    """Winners, changes beyond the tolerance, regret and spread against stock's first arm."""
+    for arm in ARMS:
+        result.winners[arm] = [[_winner(race) for race in repeat] for repeat in latencies[arm]]
+    for arm in ARMS[1:]:
+        changed, regrets, ratios = 0, [], []
+        for base_repeat, arm_repeat in zip(latencies["stock"], latencies[arm], strict=True):
+            for base, seen in zip(base_repeat, arm_repeat, strict=True):
+                chosen = _winner(seen)
+                regret = base[chosen] / min(base) - 1
+                regrets.append(regret)
+                changed += chosen != _winner(base) and regret > TOLERANCE
+                ratios.append(min(seen) / min(base))
+        result.changed[arm] = changed
+        result.regret[arm] = max(regrets)
+        result.spread[arm] = (min(ratios), max(ratios))
+
+
+def _lines(result: RaceAgreement, line: Callable[..., None]) -> None:
+    guard = (
+        "b12x's no_compilation() with b12x._lib.compiler stood in (no CuTe DSL)"
+        if result.cute_guard_stand_in
+        else "b12x's own no_compilation()"
+    )
+    line(
+        f"races: {result.races} real b12x races x {result.repeats} repeats, stock / plugin / "
+        f"stock re-run ({result.seconds:.1f} s)",
+        f"Triton decode GEMMs, 3 candidates each, through b12x's prepare_race_steps and "
+        f"measure_race_steps under {guard}",
+    )
+    if result.reason is not None:
+        line("races: verdict: not compared, the plugin fell back", shown(result.reason, 600))
+        return
+    total = result.races * result.repeats
+    for arm, name in (("plugin", "plugin"), ("stock_rerun", "stock re-run")):
+        same = sum(
+            a == b
+            for base, seen in zip(result.winners["stock"], result.winners[arm], strict=True)
+            for a, b in zip(base, seen, strict=True)
+        )
+        low, high = result.spread[arm]
+        line(
+            f"races: {name}: stock's winner in {same} of {total}; changed beyond "
+            f"{TOLERANCE:.0%}: {result.changed[arm]}; regret max {result.regret[arm]:.2%}; "
+            f"winner latency vs stock {low - 1:+.1%}..{high - 1:+.1%}"
+        )
+    peaks = ", ".join(
+        f"{name} {result.peak_bytes.get(arm, 0):,}"
+        for arm, name in zip(ARMS, ("stock", "plugin", "stock re-run"), strict=True)
+    )
+    line(f"races: memory peak (bytes): {peaks}")
+    if result.agrees:
+        line(
+            "races: verdict: agrees with stock",
+            "the plugin changed no more winners than stock's own re-run did",
+        )
+    else:
+        line(
+            "races: verdict: differs: the plugin changed more winners than stock's re-run",
+            "fix: keep the plugin off on this GPU and report these lines",
+        )

@@ -1,0 +1,90 @@
+"""One meaning per exit code, for startup, plan and check (issue 29, item 2).
+
+0: the plugin installs and credits, or it is disabled by config (the
+operator's choice); 1: it falls back, on this device or on any rank; 2: a
+usage or input error. Each command, each case, through the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from figures import MiB
+
+from flare_l2evict.tools._cli import main
+
+
+@pytest.fixture
+def cases(tmp_path: Path, write_checkpoint: Callable[..., Path]) -> dict[str, Path]:
+    disabled = tmp_path / "disabled.toml"
+    disabled.write_text("[plugins.l2evict]\nenabled = false\n")
+    return {
+        # Covers the h100 profile's 100 MiB window, and falls short of it.
+        "big": write_checkpoint({"w": torch.zeros(128 * MiB // 4)}, "big.safetensors"),
+        "small": write_checkpoint({"w": torch.zeros(MiB // 4)}, "small.safetensors"),
+        "disabled": disabled,
+    }
+
+
+def _code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exited:  # argparse's usage errors
+        assert isinstance(exited.code, int)
+        return exited.code
+
+
+TABLE = [
+    ("startup", "installs", ["startup", "{big}", "--plugin", "l2evict"], 0),
+    ("startup", "falls back", ["startup", "{small}", "--plugin", "l2evict"], 1),
+    ("startup", "disabled", ["startup", "{big}", "--plugin", "l2evict", "--config", "{disabled}"],
+     0),
+    ("startup", "usage error", ["startup", "--plugin", "l2evict", "--race-job", "3"], 2),
+    ("plan", "installs", ["plan", "{big}"], 0),
+    ("plan", "falls back", ["plan", "{small}"], 1),
+    ("plan", "any rank falls back", ["plan", "{big}", "{small}", "--tp", "2", "--per-rank"], 1),
+    ("plan", "every rank falls back", ["plan", "{small}", "{small}", "--tp", "2", "--per-rank"],
+     1),
+    ("plan", "disabled", ["plan", "{big}", "--config", "{disabled}"], 0),
+    ("plan", "usage error", ["plan", "{big}", "--tp", "0"], 2),
+    ("check", "installs", ["check", "--device", "cpu", "{big}"], 0),
+    ("check", "falls back", ["check", "--device", "cpu", "{small}"], 1),
+    ("check", "disabled", ["check", "--device", "cpu", "{big}", "--config", "{disabled}"], 0),
+    ("check", "usage error", ["check", "--device", "cpu", "--jsn"], 2),
+    ("check", "input error", ["check", "--device", "cpu", "{disabled}"], 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "case", "argv", "code"), TABLE, ids=[f"{c}-{w}" for c, w, _, _ in TABLE]
+)
+def test_the_exit_code_table(
+    cases: dict[str, Path], command: str, case: str, argv: list[str], code: int
+) -> None:
+    args = [a.format(**cases) for a in argv] + ["--profile", "h100"]
+    assert _code(args) == code, (command, case)
+
+
+@pytest.mark.parametrize("command", ["startup", "plan", "check"])
+def test_json_says_the_exit_code_it_gives(
+    cases: dict[str, Path], capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    extra = ["--device", "cpu"] if command == "check" else []
+    extra += ["--plugin", "l2evict"] if command == "startup" else []
+    for path, code in ((cases["big"], 0), (cases["small"], 1)):
+        assert main([command, str(path), *extra, "--profile", "h100", "--json"]) == code
+        figures = json.loads(capsys.readouterr().out)
+        assert figures["exit_code"] == code and figures["schema"] == 1
+
+
+def test_disabled_is_an_info_line_in_check_not_a_fall_back(
+    cases: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check", "--device", "cpu", "--config", str(cases["disabled"])]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: disabled by config, credit 0 bytes (stock b12x)" in out
+    assert "falls back" not in out.split("verdict:")[-1]
