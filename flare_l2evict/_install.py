@@ -1,19 +1,22 @@
 """Install a :class:`WeightEviction` into b12x's start-up races, credit it, offer it, undo it.
 
 An :class:`Installation` is made with the device's :class:`~._basis.CreditBasis`
-and owns, from then on, everything about it: the credit (computed once, from
-what it really reads), the offer to the KV allocator and its hand-off with
-``startup_complete``, the audit, and the restore. The process holds at most
-one (:data:`~._lifecycle.PROCESS`); :func:`active_installation` finds it.
+and the process that holds it (:class:`Holder`; the process owner,
+:mod:`._lifecycle`, makes it through :func:`make_installation`), and owns,
+from then on, everything about it: the credit (computed once, from what it
+really reads), its policies (:meth:`~Installation.unheld`,
+:meth:`~Installation.kept`), the offer to the KV allocator and its hand-off
+with ``startup_complete``, the audit, and the restore.
 """
 
 from __future__ import annotations
 
 import gc
 import inspect
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 
@@ -21,14 +24,21 @@ from ._basis import CreditBasis
 from ._credit import Credit, credit
 from ._errors import InstallError, RuntimeContractError
 from ._eviction import EvictionHandle, Kernel, WeightEviction
-from ._lifecycle import PROCESS
-from ._report import DeviceAudit, ReclaimReport, RegionRead, StartupAudit
+from ._report import DeviceAudit, ReclaimReport, RegionRead, StartupAudit, Words
 from ._seam import MARK, Flush, SeamFunction, SeamProof, StockBuffer, fork_function, held_bytes
 from ._text import described, shown
 from ._weights import WeightChoice, same_device
 from ._window import WORD
 
 Mechanism = Literal["fork", "stock-seam"]
+
+
+class Holder(Protocol):
+    """The process that holds an installation: its lock, and forgetting a restored one."""
+
+    lock: threading.RLock
+
+    def release(self, installation: Installation) -> None: ...
 
 
 @dataclass
@@ -42,18 +52,19 @@ class _Counts:
 class _Alive:
     """Evictions the seam handed out that b12x has not dropped yet, and the most at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, process: Holder) -> None:
         self.now = 0
         self.peak = 0
+        self._process = process
 
     # Handles die on whatever thread drops them: the process lock (fork-safe) orders them.
     def handed(self) -> None:
-        with PROCESS.lock:
+        with self._process.lock:
             self.now += 1
             self.peak = max(self.peak, self.now)
 
     def dropped(self) -> None:
-        with PROCESS.lock:
+        with self._process.lock:
             self.now -= 1
 
 
@@ -78,7 +89,11 @@ class Installation:
       raises; :meth:`end` during the offer (another thread, or a signal
       handler on this one) restores once ``add_reclaimed`` has returned;
     * :meth:`restore` puts stock b12x back and drops every reference to the
-      weights; it is idempotent and safe from any thread.
+      weights; it is idempotent and safe from any thread, and never raises an
+      ``Exception`` (an undo that raised is kept in :attr:`undo_error`). A
+      restore while the offered credit stands (before :meth:`end`) is audited:
+      the credit is the audit's SHORTFALL;
+    * :meth:`settle` is the start-up's one decision: kept iff the credit was offered.
     """
 
     def __init__(
@@ -90,8 +105,16 @@ class Installation:
         alive: _Alive,
         basis: CreditBasis,
         sources: tuple[RegionRead, ...],
+        process: Holder,
+        words: Words,
     ) -> None:
         self.mechanism: Mechanism = mechanism
+        self.words = words
+        self.undo_error: str | None = None
+        """What an undo step raised when restoring (``None``: stock came back)."""
+        self._process = process
+        self._cut_short = False
+        self._done = False
         self.device = eviction.device
         self.source_name = eviction.source_name
         self.read_bytes = eviction.read_bytes
@@ -133,6 +156,24 @@ class Installation:
         gc.collect(1)
         return self._eviction.unheld()
 
+    def kept(self, agreed_bytes: int, current: bool) -> bool:
+        """Whether to offer: it credits, the ranks agreed, and its start-up is still current.
+
+        Ranks race alike: if nothing is credited, nobody reads weights
+        (:meth:`settle` then restores).
+        """
+        return not self.restored and agreed_bytes > 0 and current
+
+    def settle(self) -> None:
+        """The start-up's exit: kept if and only if :meth:`offer` recorded its credit.
+
+        Idempotent, and the one place a start-up restores what it made, so an
+        exception anywhere before it strands nothing.
+        """
+        self.offer_over()
+        if self.offered_bytes == 0:
+            self.restore()
+
     @property
     def eviction(self) -> Callable[[], None]:
         """The callable the races run before each sample (for benches and tests)."""
@@ -145,11 +186,13 @@ class Installation:
 
     def offer(
         self,
-        add: Callable[[ReclaimReport], object],
+        add: Callable[[ReclaimReport], object] | None,
         report: ReclaimReport,
         current: Callable[[], bool],
     ) -> bool:
         """Hand ``report`` to the allocator once, if ``current()``; whether it was handed.
+
+        ``add`` ``None``: a program keeps the report itself; the credit is recorded all the same.
 
         ``current`` is asked under the process lock, so ``startup_complete``
         either came before (nothing offered; the caller restores) or comes
@@ -159,14 +202,15 @@ class Installation:
         allocator raised is recorded, then raised again.
         """
         try:
-            with PROCESS.lock:
+            with self._process.lock:
                 if not current():
                     return False
                 self._offer = _Offer(
                     report.reclaimed_bytes, self.basis.race_jobs, self.basis.stock.nbytes, None
                 )
                 self._offering = True
-            _check_returned(add(report))
+            if add is not None:
+                _check_returned(add(report))
         except BaseException as raised:
             if self._offer is not None:
                 self._offer = replace(self._offer, allocator_error=_one_line(raised))
@@ -211,6 +255,13 @@ class Installation:
         )
         offer = self._offer or _Offer(0, 0, 0, None)
         made = self._counts[key].stock_bytes if key in self._counts else 0
+        fell_back = self._eviction.fell_back_reason
+        if self._cut_short:  # the races after restore() made stock buffers the plugin never saw
+            made = offer.nbytes
+            fell_back = (
+                f"flare_l2evict.restore() ran before {self.words.ends}, while the credit "
+                "stood; the races after it allocated stock buffers"
+            )
         counted = self.mechanism != "fork"
         unused = 0
         if counted and offer.nbytes and self._alive.peak < offer.race_jobs:
@@ -226,21 +277,31 @@ class Installation:
             counted=counted,
             devices=devices,
             shortfall_bytes=min(made, offer.nbytes),
-            fallback_reason=self._eviction.fell_back_reason,
+            fallback_reason=fell_back,
         )
 
     def restore(self) -> None:
         """Stock b12x again, and no reference to the weights. Idempotent, from any thread."""
-        with PROCESS.lock:
-            if self.restored:
+        with self._process.lock:
+            if self._done:
                 return
+            if not self.restored:
+                self._cut_short = self._offer is not None and not self._ended
             self.restored = True
-        try:
-            for undo in reversed(self._undo):
-                undo()
-        finally:
-            self._eviction.release()
-            PROCESS.release(self)
+        # Resumable: a step is dropped only once it ran, so a restore cut short by an
+        # asynchronous exception is finished by the next call (the start-up's exit calls twice).
+        while self._undo:
+            step = self._undo[-1]
+            try:
+                step()
+            except Exception as error:  # the fork's API refused None: say so, go on
+                self.undo_error = self.undo_error or _one_line(error)
+            with self._process.lock:
+                if self._undo and self._undo[-1] is step:
+                    self._undo.pop()
+        self._eviction.release()
+        self._process.release(self)
+        self._done = True
 
     def __repr__(self) -> str:
         state = "restored" if self.restored else f"reads {self.read_bytes:,} bytes"
@@ -250,18 +311,6 @@ class Installation:
 
 def _one_line(error: BaseException) -> str:
     return described(error, 500)
-
-
-def active_installation() -> Installation | None:
-    """The installation in force in this process, if any."""
-    return PROCESS.installed
-
-
-def restore() -> None:
-    """Put stock b12x back and release the weights, whatever is installed. Idempotent."""
-    installation = PROCESS.installed
-    if installation is not None:
-        installation.restore()
 
 
 def _device_key(device: object) -> str:
@@ -307,10 +356,10 @@ def _counted_stock(
     return make
 
 
-def install(
-    choice: WeightChoice, basis: CreditBasis | None = None, *, kernel: Kernel = "auto"
-) -> Installation:
-    """Make b12x's race jobs on ``choice.device`` read the chosen weights.
+def make_installation(
+    choice: WeightChoice, basis: CreditBasis, process: Holder, words: Words, kernel: Kernel
+) -> tuple[Installation, Callable[[], None]]:
+    """Make b12x's race jobs on ``choice.device`` read the chosen weights, on a measured basis.
 
     Where the fork's API is present (:func:`~._seam.fork_function`) it is
     handed the storage (and ``None`` to undo); otherwise stock b12x's seam as
@@ -320,28 +369,15 @@ def install(
     the one eviction, and defers to the original elsewhere. Every enabled
     call is counted for :meth:`Installation.audit`, with the handles alive at
     once, and every stock buffer made instead (other devices, or after the
-    weights went away) with the bytes it allocated. While an installation is
-    active, installing again raises :class:`~flare_l2evict.InstallError`.
+    weights went away) with the bytes it allocated.
 
-    ``basis`` ``None`` (benches and tests outside a start-up) measures them
-    here for 0 race jobs, so such an installation credits nothing.
+    Returns the installation, which changes nothing of b12x yet, and the step
+    that does: the caller records the installation first, so every change
+    that step makes has its undo registered before it is made, and an
+    exception anywhere in between strands nothing (:meth:`Installation.restore`).
     """
-    found = basis if basis is not None else _basis_outside_startup(choice)
-    return PROCESS.hold(lambda: _make(choice, found, kernel))
-
-
-def _basis_outside_startup(choice: WeightChoice) -> CreditBasis:
-    from ._basis import measure_basis
-    from ._settings import L2EvictSettings
-
-    l2 = None if choice.device.type == "cuda" else max(1, choice.window_bytes // 2)
-    settings = L2EvictSettings.model_construct(window=choice.window_bytes)  # as chosen, unchecked
-    return measure_basis(choice.device, l2, settings, 0)
-
-
-def _make(choice: WeightChoice, basis: CreditBasis, kernel: Kernel) -> Installation:
     counts: dict[str, _Counts] = {}
-    alive = _Alive()
+    alive = _Alive(process)
     fork = fork_function() if basis.proof is None else None
     make_stock = None
     if basis.proof is not None:
@@ -351,6 +387,7 @@ def _make(choice: WeightChoice, basis: CreditBasis, kernel: Kernel) -> Installat
         choice,
         fallback=None if make_stock is None else (lambda: make_stock(device, True)),
         kernel=kernel,
+        until=words.ends,
     )
     sources = tuple(
         RegionRead(
@@ -358,15 +395,23 @@ def _make(choice: WeightChoice, basis: CreditBasis, kernel: Kernel) -> Installat
         )
         for s in choice.regions
     )
+    undo: list[Callable[[], None]] = []
+    mechanism: Mechanism = "fork" if fork is not None else "stock-seam"
+    made = Installation(mechanism, eviction, undo, counts, alive, basis, sources, process, words)
     if fork is not None:
         views = eviction.views()
-        fork(views[0] if len(views) == 1 else views)
-        return Installation("fork", eviction, [lambda: fork(None)], counts, alive, basis, sources)
-    if basis.proof is None or make_stock is None:
+        handed = views[0] if len(views) == 1 else views
+
+        def apply() -> None:
+            undo.append(lambda: fork(None))  # first: an undo of nothing handed is harmless
+            fork(handed)
+
+        return made, apply
+    proof = basis.proof
+    if proof is None or make_stock is None:
         eviction.release()
         raise InstallError("the fork's API went away after it was found; stock b12x kept")
-    undo = _redirect(basis.proof, eviction, counts, alive, make_stock)
-    return Installation("stock-seam", eviction, undo, counts, alive, basis, sources)
+    return made, lambda: _redirect(proof, eviction, counts, alive, make_stock, undo)
 
 
 def _check_returned(returned: object) -> None:
@@ -392,20 +437,19 @@ def _redirect(
     counts: dict[str, _Counts],
     alive: _Alive,
     make_stock: Callable[[object, bool], Flush | None],
-) -> list[Callable[[], None]]:
-    """Replace every seam the proof found; the undo steps, in the order they were done."""
+    undo: list[Callable[[], None]],
+) -> None:
+    """Replace every seam the proof found, each undo step registered in ``undo`` before it."""
     target = eviction.device
     home = counts.setdefault(_device_key(target), _Counts())
     replacements: dict[int, SeamFunction] = {}
-    undo: list[Callable[[], None]] = []
     for module, original in proof.seams:
         replacement = _replacement(original, eviction, target, home, counts, alive, make_stock)
         replacements[id(original)] = replacement
-        undo.append(_rebind(module, proof.row.function, original, replacement))
+        _rebind(module, proof.row.function, original, replacement, undo)
     for binding in proof.bindings:
         replacement = replacements[id(binding.original)]
-        undo.append(_rebind(binding.owner, binding.name, binding.original, replacement))
-    return undo
+        _rebind(binding.owner, binding.name, binding.original, replacement, undo)
 
 
 def _replacement(
@@ -434,12 +478,13 @@ def _replacement(
     return seam_replacement
 
 
-def _rebind(owner: object, name: str, original: object, replacement: object) -> Callable[[], None]:
-    setattr(owner, name, replacement)
-
+def _rebind(
+    owner: object, name: str, original: object, replacement: object, steps: list[Callable[[], None]]
+) -> None:
     def undo() -> None:
-        # Only put the original back if nobody replaced ours in the meantime.
+        # Only put the original back if nobody replaced ours in the meantime (or it never was).
         if getattr(owner, name, None) is replacement:
             setattr(owner, name, original)
 
-    return undo
+    steps.append(undo)
+    setattr(owner, name, replacement)

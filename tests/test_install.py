@@ -12,7 +12,7 @@ from figures import MiB
 from flare_l2evict._basis import CreditBasis
 from flare_l2evict._errors import InstallError
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._install import active_installation, install
+from flare_l2evict._lifecycle import active_installation, install
 from flare_l2evict._seam import SeamProof, StockBuffer, prove_seam
 from flare_l2evict._weights import WeightChoice, choose_weights
 

@@ -22,7 +22,7 @@ from figures import MiB
 from flare_l2evict import ReclaimReport, StartupAudit, _seam_table, plugin
 from flare_l2evict._credit import CREDIT_OVERHEAD_BYTES
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._install import active_installation
+from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools.reference_host import ReferenceRuntime, plugin_manager
 
 L2 = 8 * MiB  # the fakes' L2; stock's window is then max(16 MiB, 64 MiB) = 64 MiB

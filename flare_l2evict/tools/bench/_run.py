@@ -21,9 +21,11 @@ from typing import Any
 
 import torch
 
+from ..._basis import measure_basis
 from ..._eviction import Kernel, WeightEviction
-from ..._install import install, restore
+from ..._lifecycle import install, restore
 from ..._seam_table import stock_row
+from ..._settings import L2EvictSettings
 from ..._weights import WeightChoice, choose_weights
 from ..._window import stock_window_bytes
 from . import _coldness
@@ -201,7 +203,9 @@ def _races(
                 latencies: dict[str, tuple[float, ...]] = {}
                 for way in order:
                     if way == "plugin":
-                        install(_choice_at(weights, window), kernel="triton")
+                        chosen = _choice_at(weights, window)
+                        settings = L2EvictSettings.model_construct(window=chosen.window_bytes)
+                        install(chosen, measure_basis(device, None, settings, 0), kernel="triton")
                     try:
                         eviction = no_eviction if way == "none" else None  # None: b12x's lookup
                         latencies[way] = run_race(calls, device, eviction).latencies_us
@@ -382,7 +386,9 @@ def run_bench(
     if "memory" in sections:
         started = time.perf_counter()
         result["memory"] = {"stock": _allocated(seam_call, device)}
-        install(_choice_at(weights, window), kernel="triton")
+        chosen = _choice_at(weights, window)
+        settings = L2EvictSettings.model_construct(window=chosen.window_bytes)
+        install(chosen, measure_basis(device, None, settings, 0), kernel="triton")
         try:
             result["memory"]["plugin"] = _allocated(seam_call, device)
         finally:
