@@ -39,6 +39,16 @@ def _version(name: str) -> str | None:
         return None
 
 
+def running_torch_version() -> str | None:
+    """The version of the torch that runs (``torch.__version__``), not of stale metadata.
+
+    A leftover ``torch-2.3.1.dist-info`` on ``sys.path`` must not stand for
+    the torch 2.13 that is imported; metadata is asked only before torch is.
+    """
+    loaded = getattr(sys.modules.get("torch"), "__version__", None)
+    return str.__str__(loaded) if isinstance(loaded, str) else _version("torch")
+
+
 def _release(version: str) -> tuple[int, ...]:
     """The leading release numbers of a version (``2.13.0+cpu`` -> (2, 13, 0))."""
     match = re.match(r"\d+(?:\.\d+)*", version)
@@ -55,7 +65,7 @@ def provider_problem() -> str | None:
     caller says that stock b12x is kept. Never
     raises, imports no b12x module (only looks b12x up) and changes nothing.
     """
-    torch_version = _version("torch")
+    torch_version = running_torch_version()
     if torch_version is not None and _release(torch_version) < MIN_TORCH:
         needed = ".".join(map(str, MIN_TORCH))
         return (

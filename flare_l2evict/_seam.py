@@ -217,9 +217,7 @@ def _import_row() -> SeamRow:
         except ImportError:
             continue
         except Exception as error:  # a broken install fails in its own ways
-            raise InstallError(
-                f"importing {row.module_path} failed ({type(error).__name__}: {error}); {FIX}"
-            ) from None
+            raise _blamed(f"importing {row.module_path}", error) from None
         return row
     try:
         importlib.import_module(rows[0].module_path)
@@ -235,14 +233,32 @@ def _import_row() -> SeamRow:
     return rows[0]  # imported on the second try: a module that fails once, then loads
 
 
+def host_mode() -> str | None:
+    """The host's innermost active ``TorchFunctionMode``, by name (``None``: none is active)."""
+    try:
+        stack = torch.overrides._get_current_function_mode_stack()
+    except Exception:
+        return None
+    return type(stack[-1]).__qualname__ if stack else None
+
+
+def _blamed(what: str, error: Exception) -> InstallError:
+    """``what`` raised ``error``: the host's own torch mode when one is active, else b12x."""
+    mode = host_mode()
+    if mode is not None:
+        return InstallError(
+            f"{what} raised {type(error).__name__}: {error} under the host's own "
+            f"TorchFunctionMode {mode}; stock b12x kept. fix: let the host's mode pass "
+            "torch's calls, or enter it after before_first_capture"
+        )
+    return InstallError(f"{what} raised {type(error).__name__}: {error}; stock b12x kept. {FIX}")
+
+
 def _probe_disabled(row: SeamRow, original: SeamFunction) -> None:
     try:
         probe = original(torch.device("cpu"), enabled=False)
     except Exception as error:
-        raise InstallError(
-            f"{row.dotted}(enabled=False) raised {type(error).__name__}: {error}; stock b12x "
-            f"kept. {FIX}"
-        ) from None
+        raise _blamed(f"{row.dotted}(enabled=False)", error) from None
     if probe is not None:
         raise InstallError(
             f"{row.dotted}(enabled=False) returned {type(probe).__name__}, not None: this b12x "

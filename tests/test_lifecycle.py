@@ -353,6 +353,12 @@ def _leaving_a_with(frame: types.FrameType, entered: set[tuple[int, int]]) -> bo
     return False
 
 
+def _forget_on_return(frame: types.FrameType, event: str, entered: set[tuple[int, int]]) -> None:
+    """A frame that returns (or unwinds) forgets its ``with`` lines: its id may be reused."""
+    if event == "return":
+        entered.difference_update({key for key in entered if key[0] == id(frame)})
+
+
 def _interrupt_at(point: int) -> Callable[[types.FrameType, str, Any], Any]:
     """A trace function that raises at the ``point``-th line the hook's steps run (0: never)."""
     seen = 0
@@ -360,6 +366,7 @@ def _interrupt_at(point: int) -> Callable[[types.FrameType, str, Any], Any]:
 
     def local(frame: types.FrameType, event: str, arg: Any) -> Any:
         nonlocal seen
+        _forget_on_return(frame, event, entered)
         if event == "line" and not _leaving_a_with(frame, entered):
             seen += 1
             if seen == point:
@@ -378,9 +385,11 @@ def _lines_run() -> int:
 
     def local(frame: types.FrameType, event: str, arg: Any) -> Any:
         nonlocal count
+        _forget_on_return(frame, event, entered)
         count += event == "line" and not _leaving_a_with(frame, entered)
         return local
 
+    complete(hook(warm := runtime()) and warm)  # a first start-up runs its one-off lines
     sys.settrace(lambda frame, event, arg: local if frame.f_code in _TRACED else None)
     try:
         complete(hook(host := runtime()) and host)
