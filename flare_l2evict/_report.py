@@ -17,22 +17,28 @@ class Words:
     ends: str
     """What ends it: ``startup_complete``, or the block's exit."""
     race_jobs: str
-    """The argument that counts race jobs."""
+    """The fix that sets how many race jobs are credited (``{}``: the number)."""
     resident: str
     """What must name the tensors that stay resident."""
+    races: str
+    """Where the races must run for the audit to see them."""
 
 
 HOST = Words(
     "before_first_capture",
     "startup_complete",
-    "runtime.race_jobs",
+    "set runtime.race_jobs to {}",
     "resident_tensors() must return the tensors the model keeps resident",
+    "if this host races, call startup_complete after its last race (a race after it "
+    "allocates stock buffers out of the KV cache's memory)",
 )
 PROGRAM = Words(
     "the evicting_from block's entry",
     "the end of the evicting_from block",
-    "race_jobs=",
+    "pass race_jobs={}",
     "pass evicting_from the tensors the program keeps resident",
+    "if this program races, run its races inside the block (a race after it allocates "
+    "a stock buffer of its own)",
 )
 
 
@@ -213,15 +219,14 @@ class StartupAudit(BaseModel):
             head += (
                 f"; NO RACE RAN: no eviction was asked between {words.began} and "
                 f"{words.ends}, so no race used the {self.credited_bytes:,} credited bytes "
-                f"and the audit cannot confirm the {self.race_jobs} race jobs credited; if this "
-                f"code races, let {words.ends} come after its last race (a race after it "
-                "allocates a stock buffer of its own)"
+                f"and the audit cannot confirm the {self.race_jobs} race jobs credited; "
+                + words.races
             )
         elif self.unused_credit_bytes:
             head += (
                 f"; UNUSED CREDIT {self.unused_credit_bytes:,} bytes: {self.race_jobs} race jobs "
-                f"credited but at most {self.peak_alive} held an eviction at once; fix: set "
-                f"{words.race_jobs.rstrip('=')} to {self.peak_alive}"
+                f"credited but at most {self.peak_alive} held an eviction at once; fix: "
+                + words.race_jobs.format(self.peak_alive)
             )
         if self.fallback_reason:
             head += f"; FELL BACK to stock mid-start-up: {self.fallback_reason}"

@@ -236,7 +236,7 @@ def _import_row() -> SeamRow:
 def host_mode() -> str | None:
     """The host's innermost active ``TorchFunctionMode``, by name (``None``: none is active)."""
     try:
-        stack = torch.overrides._get_current_function_mode_stack()
+        stack = torch.overrides._get_current_function_mode_stack()  # type: ignore[no-untyped-call]
     except Exception:
         return None
     return type(stack[-1]).__qualname__ if stack else None
