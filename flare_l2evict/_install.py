@@ -361,20 +361,14 @@ def make_installation(
 ) -> tuple[Installation, Callable[[], None]]:
     """Make b12x's race jobs on ``choice.device`` read the chosen weights, on a measured basis.
 
-    Where the fork's API is present (:func:`~._seam.fork_function`) it is
-    handed the storage (and ``None`` to undo); otherwise stock b12x's seam as
-    ``basis.proof`` found it: every seam module's function and every other
-    binding of it is replaced by one function that hands each enabled call on
-    ``choice.device`` an :class:`~flare_l2evict._eviction.EvictionHandle` of
-    the one eviction, and defers to the original elsewhere. Every enabled
-    call is counted for :meth:`Installation.audit`, with the handles alive at
-    once, and every stock buffer made instead (other devices, or after the
-    weights went away) with the bytes it allocated.
-
-    Returns the installation, which changes nothing of b12x yet, and the step
-    that does: the caller records the installation first, so every change
-    that step makes has its undo registered before it is made, and an
-    exception anywhere in between strands nothing (:meth:`Installation.restore`).
+    The fork's API, where present, is handed the storage (``None`` undoes);
+    otherwise every seam and binding ``basis.proof`` found is replaced by one
+    function that hands each enabled call on ``choice.device`` an
+    :class:`~flare_l2evict._eviction.EvictionHandle` and defers elsewhere;
+    every call and stock buffer is counted for :meth:`Installation.audit`.
+    Returns the installation, which changes nothing yet, and the step that
+    does: recorded first, each change's undo registered before it is made,
+    an exception anywhere in between strands nothing.
     """
     counts: dict[str, _Counts] = {}
     alive = _Alive(process)
