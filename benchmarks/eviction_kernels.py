@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from flare_l2evict._b12x.table import stock_row
 from flare_l2evict._eviction import WeightEviction
-from flare_l2evict._seam_table import stock_row
 from flare_l2evict._weights import choose_weights
 from flare_l2evict.tools.bench import Probe, compare, time_call
 

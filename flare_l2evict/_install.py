@@ -20,14 +20,14 @@ from typing import Literal, Protocol
 
 import torch
 
+from ._b12x.patch import Alive, Counts, inject, stock_fallback
 from ._basis import CreditBasis
 from ._credit import Credit, credit
-from ._errors import InstallError, RuntimeContractError
-from ._eviction import EvictionHandle, Kernel, WeightEviction
+from ._errors import RuntimeContractError
+from ._eviction import Kernel, WeightEviction
 from ._report import DeviceAudit, ReclaimReport, RegionRead, StartupAudit, Words
-from ._seam import MARK, Flush, SeamFunction, SeamProof, StockBuffer, fork_function, held_bytes
 from ._text import described, shown
-from ._weights import WeightChoice, same_device
+from ._weights import WeightChoice
 from ._window import WORD
 
 Mechanism = Literal["fork", "stock-seam"]
@@ -39,33 +39,6 @@ class Holder(Protocol):
     lock: threading.RLock
 
     def release(self, installation: Installation) -> None: ...
-
-
-@dataclass
-class _Counts:
-    requested: int = 0
-    served: int = 0
-    stock_buffers: int = 0
-    stock_bytes: int = 0
-
-
-class _Alive:
-    """Evictions the seam handed out that b12x has not dropped yet, and the most at once."""
-
-    def __init__(self, process: Holder) -> None:
-        self.now = 0
-        self.peak = 0
-        self._process = process
-
-    # Handles die on whatever thread drops them: the process lock (fork-safe) orders them.
-    def handed(self) -> None:
-        with self._process.lock:
-            self.now += 1
-            self.peak = max(self.peak, self.now)
-
-    def dropped(self) -> None:
-        with self._process.lock:
-            self.now -= 1
 
 
 @dataclass(frozen=True)
@@ -101,8 +74,8 @@ class Installation:
         mechanism: Mechanism,
         eviction: WeightEviction,
         undo: list[Callable[[], None]],
-        counts: dict[str, _Counts],
-        alive: _Alive,
+        counts: dict[str, Counts],
+        alive: Alive,
         basis: CreditBasis,
         sources: tuple[RegionRead, ...],
         process: Holder,
@@ -313,49 +286,6 @@ def _one_line(error: BaseException) -> str:
     return described(error, 500)
 
 
-def _device_key(device: object) -> str:
-    try:
-        found = torch.device(device)  # type: ignore[call-overload]
-    except (RuntimeError, TypeError, ValueError):
-        return repr(device)
-    if found.type == "cuda" and found.index is None and torch.cuda.is_available():
-        found = torch.device("cuda", torch.cuda.current_device())
-    return str(found)
-
-
-def _counted_stock(
-    original: SeamFunction, counts: dict[str, _Counts], stock: StockBuffer
-) -> Callable[[object, bool], Flush | None]:
-    """Stock's eviction for ``device``, counted as a stock buffer with the bytes it took.
-
-    ``make(device, fallback)``: off CUDA, an original that cannot make a buffer
-    (stock b12x reads the L2 size from a CUDA device) raises as stock would,
-    unless ``fallback`` (the weights went away mid-start-up): then no eviction
-    is made and what a GPU would have allocated is counted.
-    """
-
-    def make(device: object, fallback: bool) -> Flush | None:
-        target = torch.device(device)  # type: ignore[call-overload]
-        if target.type == "cuda":
-            before = torch.cuda.memory_allocated(target)
-            made = original(target, enabled=True)
-            grown = torch.cuda.memory_allocated(target) - before
-        else:
-            try:
-                made = original(target, enabled=True)
-            except Exception:
-                if not fallback:
-                    raise
-                made = None
-            grown = stock.nbytes if made is None else held_bytes(made)
-        entry = counts.setdefault(_device_key(device), _Counts())
-        entry.stock_buffers += 1
-        entry.stock_bytes += max(0, grown)
-        return made
-
-    return make
-
-
 def make_installation(
     choice: WeightChoice, basis: CreditBasis, process: Holder, words: Words, kernel: Kernel
 ) -> tuple[Installation, Callable[[], None]]:
@@ -370,16 +300,11 @@ def make_installation(
     does: recorded first, each change's undo registered before it is made,
     an exception anywhere in between strands nothing.
     """
-    counts: dict[str, _Counts] = {}
-    alive = _Alive(process)
-    fork = fork_function() if basis.proof is None else None
-    make_stock = None
-    if basis.proof is not None:
-        make_stock = _counted_stock(basis.proof.original, counts, basis.stock)
-    device = choice.device  # the fallback must not hold the choice: it holds the weights
+    counts: dict[str, Counts] = {}
+    alive = Alive(process)
     eviction = WeightEviction(
-        choice,
-        fallback=None if make_stock is None else (lambda: make_stock(device, True)),
+        choice,  # the fallback must not hold the choice: it holds the weights
+        fallback=stock_fallback(basis, counts, choice.device),
         kernel=kernel,
         until=words.ends,
     )
@@ -390,22 +315,9 @@ def make_installation(
         for s in choice.regions
     )
     undo: list[Callable[[], None]] = []
-    mechanism: Mechanism = "fork" if fork is not None else "stock-seam"
+    mechanism: Mechanism = "fork" if basis.fork is not None else "stock-seam"
     made = Installation(mechanism, eviction, undo, counts, alive, basis, sources, process, words)
-    if fork is not None:
-        views = eviction.views()
-        handed = views[0] if len(views) == 1 else views
-
-        def apply() -> None:
-            undo.append(lambda: fork(None))  # first: an undo of nothing handed is harmless
-            fork(handed)
-
-        return made, apply
-    proof = basis.proof
-    if proof is None or make_stock is None:
-        eviction.release()
-        raise InstallError("the fork's API went away after it was found; stock b12x kept")
-    return made, lambda: _redirect(proof, eviction, counts, alive, make_stock, undo)
+    return made, inject(basis, eviction, counts, alive, undo)
 
 
 def _check_returned(returned: object) -> None:
@@ -423,62 +335,3 @@ def _check_returned(returned: object) -> None:
         "credit may not have been applied; fix: make add_reclaimed a plain function that grows "
         "the KV budget before returning"
     )
-
-
-def _redirect(
-    proof: SeamProof,
-    eviction: WeightEviction,
-    counts: dict[str, _Counts],
-    alive: _Alive,
-    make_stock: Callable[[object, bool], Flush | None],
-    undo: list[Callable[[], None]],
-) -> None:
-    """Replace every seam the proof found, each undo step registered in ``undo`` before it."""
-    target = eviction.device
-    home = counts.setdefault(_device_key(target), _Counts())
-    replacements: dict[int, SeamFunction] = {}
-    for module, original in proof.seams:
-        replacement = _replacement(original, eviction, target, home, counts, alive, make_stock)
-        replacements[id(original)] = replacement
-        _rebind(module, proof.row.function, original, replacement, undo)
-    for binding in proof.bindings:
-        replacement = replacements[id(binding.original)]
-        _rebind(binding.owner, binding.name, binding.original, replacement, undo)
-
-
-def _replacement(
-    original: SeamFunction,
-    eviction: WeightEviction,
-    target: torch.device,
-    home: _Counts,
-    counts: dict[str, _Counts],
-    alive: _Alive,
-    stock: Callable[[object, bool], Flush | None],
-) -> SeamFunction:
-    def seam_replacement(device: object, *, enabled: bool) -> Flush | None:
-        if not enabled:
-            return original(device, enabled=enabled)
-        here = same_device(torch.device(device), target)  # type: ignore[call-overload]
-        if here and not eviction.released:
-            home.requested += 1
-            home.served += 1
-            alive.handed()
-            return EvictionHandle(eviction, alive.dropped)
-        counts.setdefault(_device_key(device), _Counts()).requested += 1
-        return stock(device, False)
-
-    setattr(seam_replacement, MARK, True)
-    seam_replacement.__wrapped__ = original  # type: ignore[attr-defined]
-    return seam_replacement
-
-
-def _rebind(
-    owner: object, name: str, original: object, replacement: object, steps: list[Callable[[], None]]
-) -> None:
-    def undo() -> None:
-        # Only put the original back if nobody replaced ours in the meantime (or it never was).
-        if getattr(owner, name, None) is replacement:
-            setattr(owner, name, original)
-
-    steps.append(undo)
-    setattr(owner, name, replacement)

@@ -197,7 +197,7 @@ class StartupAudit(BaseModel):
         if not self.counted:
             return (
                 f"credited {self.credited_bytes:,} bytes on {self.device} via the fork's "
-                "use_startup_eviction; its race evictions are not visible to the plugin"
+                "API; its race evictions are not visible to the plugin"
             )
         parts = [
             f"{d.device}: {d.requested} evictions asked, {d.served_by_weights} served by weights, "

@@ -79,3 +79,26 @@ def test_no_runtime_function_in_a_subpackage_is_over_fifty_lines() -> None:
                 if lines > LIMIT:
                     long.append(f"{path.relative_to(RUNTIME)}:{node.lineno} {node.name}")
     assert long == [], f"runtime functions over {LIMIT} lines: {long}"
+
+
+def test_only_the_b12x_wing_names_b12x() -> None:
+    # Issue 27: one package holds everything that names b12x: its table, proof, provider, patch.
+    wing = RUNTIME / "_b12x"
+    spelled: list[str] = []
+    for path in _runtime_modules():
+        if wing in path.parents:
+            continue
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(name == "b12x" or name.startswith(("b12x.", "flashinfer")) for name in names):
+                spelled.append(f"{path.name} imports {names}")
+        for name in ("_l2_flush_fn", "use_startup_eviction"):
+            if name in text:
+                spelled.append(f"{path.name} names {name}")
+    assert spelled == [], spelled

@@ -59,6 +59,7 @@ from flare_l2evict import (
     _startup,
     plugin,
 )
+from flare_l2evict._b12x import patch
 from flare_l2evict._lifecycle import PROCESS, active_installation
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
@@ -308,7 +309,7 @@ def test_a_signal_that_raises_during_add_reclaimed_keeps_the_credit_backed_until
 # 4. An asynchronous exception at every point of the hook.
 _TRACED = {
     code
-    for module in (_core, _startup, _lifecycle, _install)
+    for module in (_core, _startup, _lifecycle, _install, patch)
     for function in vars(module).values()
     for code in [getattr(getattr(function, "__func__", function), "__code__", None)]
     if code is not None and getattr(function, "__module__", None) == module.__name__
@@ -318,7 +319,7 @@ _TRACED = {
         _lifecycle.Process,
         _lifecycle.Startup,
         _install.Installation,
-        _install._Alive,
+        patch.Alive,
         _eviction.WeightEviction,
     )
     for method in vars(owner).values()

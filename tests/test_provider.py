@@ -3,7 +3,7 @@
 Each environment is a stand-in: a directory of metadata-only ``*.dist-info``
 records (and, where named, a ``b12x`` package folder), the only thing on the
 path of a fresh interpreter started without site-packages (``python -S``).
-``flare_l2evict._provider`` imports nothing but the standard library, so it
+``flare_l2evict._b12x.provider`` imports nothing but the standard library, so it
 runs there as it does in a server.
 """
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from flare_l2evict._b12x.proof import prove_seam
+from flare_l2evict._b12x.provider import provider_problem
 from flare_l2evict._errors import InstallError
-from flare_l2evict._provider import provider_problem
-from flare_l2evict._seam import prove_seam
 
-PROVIDER = Path(__file__).resolve().parents[1] / "flare_l2evict" / "_provider.py"
+PROVIDER = Path(__file__).resolve().parents[1] / "flare_l2evict" / "_b12x" / "provider.py"
 NEEDED = "the plugin needs flashinfer-python>=0.7.2 or b12x>=1.5"
 
 _RUN = """
@@ -144,7 +144,7 @@ def test_torch_is_named_by_the_running_module_not_stale_metadata(tmp_path: Path)
     (stale / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.3.1\n")
     code = (
         f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import torch; "
-        "from flare_l2evict._provider import provider_problem; print(provider_problem())"
+        "from flare_l2evict._b12x.provider import provider_problem; print(provider_problem())"
     )
     shown = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True

@@ -19,7 +19,8 @@ from fake_b12x import (
 )
 from figures import MiB
 
-from flare_l2evict import ReclaimReport, StartupAudit, _seam_table, plugin
+from flare_l2evict import ReclaimReport, StartupAudit, plugin
+from flare_l2evict._b12x import table as _seam_table
 from flare_l2evict._credit import CREDIT_OVERHEAD_BYTES
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._lifecycle import active_installation

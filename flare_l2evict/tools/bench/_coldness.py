@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from ..._seam_table import stock_seam
+from ..._b12x.table import stock_seam
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
+from ..._b12x.table import stock_row
 from ..._basis import measure_basis
 from ..._eviction import Kernel, WeightEviction
 from ..._lifecycle import install, restore
-from ..._seam_table import stock_row
 from ..._settings import L2EvictSettings
 from ..._weights import WeightChoice, choose_weights
 from ..._window import stock_window_bytes

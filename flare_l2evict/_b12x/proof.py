@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from ._errors import InstallError
-from ._provider import provider_problem, versions
-from ._seam_table import ROOTS, SeamRow, fork_rows, stock_row, stock_rows
+from .._errors import InstallError
+from .provider import provider_problem, versions
+from .table import ROOTS, SeamRow, fork_rows, stock_row, stock_rows
 
 MARK = "__flare_l2evict__"
 """Attribute set on the plugin's replacement of the seam (its ``__wrapped__`` is the original)."""
@@ -96,6 +96,21 @@ def fork_function() -> Callable[..., Any] | None:
         function = row.loaded()
         if function is not None:
             return function
+    return None
+
+
+def fork_api() -> Callable[..., Any] | None:
+    """The fork's API as :func:`fork_function` finds it, its signature checked against its row.
+
+    Raises :class:`InstallError` when the fork's function has another shape
+    than its row says: the plugin never hands storage to a call it does not know.
+    """
+    for row in fork_rows():
+        function = row.loaded()
+        if function is not None:
+            module = importlib.import_module(row.module_path)
+            checked: Callable[..., Any] = _check_signature(row, module, function)
+            return checked
     return None
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._window import stock_buffer_bytes
+from .._window import stock_buffer_bytes
 
 ROOTS = ("b12x", "flashinfer.experimental.b12x")
 """Where a loaded b12x lives: standalone, or inside flashinfer-python (which aliases the first)."""
