@@ -188,7 +188,6 @@ def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
             ("preparation.session", "PreparationJob._measure"),
         ),
         optional=(),
-        buffer_formula="max(2 x L2, 64 MiB)",
         buffer_bytes=_seam_table.STOCK_1_5.buffer_bytes,
     )
     monkeypatch.setattr(_seam_table, "ROWS", (*_seam_table.ROWS, moved))  # the one change

@@ -43,7 +43,6 @@ class SeamRow:
     signature: tuple[tuple[str, str], ...]
     callers: tuple[tuple[str, str], ...]
     optional: tuple[str, ...]
-    buffer_formula: str
     buffer_bytes: Callable[[int], int]
 
     @property
@@ -85,7 +84,6 @@ FORK = SeamRow(
     signature=(("storage", "POSITIONAL_OR_KEYWORD"),),
     callers=(),
     optional=(),
-    buffer_formula="max(2 x L2, 64 MiB)",
     buffer_bytes=stock_buffer_bytes,
 )
 """The fork's API: it takes the resident storage whose reads replace the buffer."""
@@ -101,7 +99,6 @@ STOCK_1_5 = SeamRow(
         ("preparation.session", "PreparationJob._measure"),
     ),
     optional=("preparation.session",),  # a b12x without sessions makes no job evictions
-    buffer_formula="max(2 x L2, 64 MiB)",
     buffer_bytes=stock_buffer_bytes,
 )
 """Stock b12x: ``_l2_flush_fn(device, *, enabled)`` makes each race job's buffer."""
