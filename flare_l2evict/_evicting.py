@@ -27,7 +27,7 @@ from ._outcome import Clock, Local, reason_of
 from ._report import PROGRAM, ReclaimReport
 from ._runtime import MAX_L2_BYTES, MAX_RACE_JOBS, Placement, _device, whole_number
 from ._settings import ALLOWED, L2EvictSettings
-from ._text import described_value
+from ._text import described_value, literal
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -63,8 +63,8 @@ def _settings(window: object, exclude: object, on_error: object) -> L2EvictSetti
     except Exception:  # an exclude of the program's whose iteration raises
         key = "exclude"
     return (
-        f"{key} = {described_value(given.get(key), 80)} is invalid; nothing changed; fix: pass "
-        f"{key}= as {ALLOWED.get(key, 'the README says')}, {_FIX}"
+        f"{key} = {literal(given.get(key))} is invalid: use {ALLOWED.get(key, 'what ' + _FIX)}; "
+        "nothing changed; fix: pass window=, exclude= (a list of globs) and on_error= " + _FIX
     )
 
 
