@@ -61,5 +61,5 @@ def measure_basis(
         formula = fork_rows()[0].buffer_bytes(l2)
         return CreditBasis(l2, window, StockBuffer(formula, False), race_jobs, None, fork)
     proof = prove_seam()
-    stock = measure_stock_buffer(proof.original, device, l2)
+    stock = measure_stock_buffer(proof, device, l2)
     return CreditBasis(l2, window, stock, race_jobs, proof)

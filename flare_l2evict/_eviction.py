@@ -375,11 +375,12 @@ class WeightEviction:
                 log,
                 logging.WARNING,
                 "flare_l2evict: eviction over %s on %s stops reading weights: %s; until %s, "
-                "each race falls back to stock b12x's own buffer (the audit reports the "
-                "shortfall); fix: keep the weights in place until %s",
+                "each race falls back to stock b12x's own buffer (%s reports the shortfall); "
+                "fix: keep the weights in place until %s",
                 shown(repr(self.source_name), 120),
                 self.device,
                 why,
+                self.until,
                 self.until,
                 self.until,
             )

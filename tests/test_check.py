@@ -278,7 +278,7 @@ def test_the_fork_is_named_as_the_provider(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fork_stand_in = types.ModuleType("b12x.comm.pcie")
-    fork_stand_in.use_startup_eviction = lambda tensor: None  # type: ignore[attr-defined]
+    fork_stand_in.use_startup_eviction = lambda storage: None  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
     code, out, _ = run(capsys, "check", "--device", "cpu")
     provider = next(line for line in out.splitlines() if line.startswith("b12x provider:"))

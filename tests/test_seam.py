@@ -199,3 +199,38 @@ def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
     assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES > 0
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
     assert not hasattr(cold._cold_l2, "__flare_l2evict__")  # restored at the end
+
+
+def test_a_release_whose_seam_changed_its_signature_is_supported_by_adding_one_row(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_runtime: Callable[..., ReferenceRuntime],
+    weights: dict[str, torch.Tensor],
+) -> None:
+    """The calling convention is data too: a seam taking ``(*, enabled, device)`` is one row."""
+    fake = write_moved_fake(tmp_path, l2=L2, module="_cold", function="_cold_l2", keywords=True)
+    use_fake(monkeypatch, fake, seam="preparation._cold")
+    report, _, evictions, _ = start(make_runtime, weights, seam="preparation._cold")
+    assert report.reclaimed_bytes == 0 and not any(isinstance(e, EvictionHandle) for e in evictions)
+    changed = _seam_table.SeamRow(
+        name="a b12x whose seam moved and takes keywords only (fake)",
+        kind="stock",
+        module="preparation._cold",
+        function="_cold_l2",
+        signature=(("enabled", "KEYWORD_ONLY"), ("device", "KEYWORD_ONLY")),
+        callers=(
+            ("preparation._cold", "prepare_race_steps"),
+            ("preparation.session", "PreparationJob._measure"),
+        ),
+        optional=(),
+        buffer_bytes=_seam_table.STOCK_1_5.buffer_bytes,
+    )
+    monkeypatch.setattr(_seam_table, "ROWS", (*_seam_table.ROWS, changed))  # the one change
+    cold: Any = importlib.import_module("b12x.preparation._cold")
+    evictions.clear()
+    cold.ALLOCATED.clear()
+    report, saved, evictions, audit = start(make_runtime, weights, seam="preparation._cold")
+    assert all(isinstance(e, EvictionHandle) for e in evictions)
+    assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES > 0
+    assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
+    assert cold._cold_l2(enabled=False, device=torch.device("cpu")) is None  # stock's again

@@ -10,6 +10,7 @@ only where the replacement still stands.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from .._errors import InstallError
 from .._eviction import EvictionHandle, WeightEviction
 from .._weights import same_device
 from .proof import MARK, Flush, SeamFunction, SeamProof, StockBuffer, held_bytes
+from .table import SeamRow
 
 if TYPE_CHECKING:
     from .._basis import CreditBasis
@@ -70,7 +72,7 @@ def _device_key(device: object) -> str:
 
 
 def counted_stock(
-    original: SeamFunction, counts: dict[str, Counts], stock: StockBuffer
+    proof: SeamProof, counts: dict[str, Counts], stock: StockBuffer
 ) -> Callable[[object, bool], Flush | None]:
     """Stock's eviction for ``device``, counted as a stock buffer with the bytes it took.
 
@@ -84,11 +86,11 @@ def counted_stock(
         target = torch.device(device)  # type: ignore[call-overload]
         if target.type == "cuda":
             before = torch.cuda.memory_allocated(target)
-            made = original(target, enabled=True)
+            made = proof.row.call(proof.original, target, True)
             grown = torch.cuda.memory_allocated(target) - before
         else:
             try:
-                made = original(target, enabled=True)
+                made = proof.row.call(proof.original, target, True)
             except Exception:
                 if not fallback:
                     raise
@@ -97,7 +99,8 @@ def counted_stock(
         entry = counts.setdefault(_device_key(device), Counts())
         entry.stock_buffers += 1
         entry.stock_bytes += max(0, grown)
-        return made
+        found: Flush | None = made
+        return found
 
     return make
 
@@ -126,7 +129,7 @@ def inject(
         return hand
     if proof is None:
         raise InstallError("a basis with neither the fork's API nor a proven seam; stock b12x kept")
-    make_stock = counted_stock(proof.original, counts, basis.stock)
+    make_stock = counted_stock(proof, counts, basis.stock)
     return lambda: _redirect(proof, eviction, counts, alive, make_stock, undo)
 
 
@@ -136,7 +139,7 @@ def stock_fallback(
     """Stock's eviction for ``device`` after the weights went away (``None``: the fork's API)."""
     if basis.proof is None:
         return None
-    make_stock = counted_stock(basis.proof.original, counts, basis.stock)
+    make_stock = counted_stock(basis.proof, counts, basis.stock)
     return lambda: make_stock(device, True)
 
 
@@ -153,7 +156,9 @@ def _redirect(
     home = counts.setdefault(_device_key(target), Counts())
     replacements: dict[int, SeamFunction] = {}
     for module, original in proof.seams:
-        replacement = _replacement(original, eviction, target, home, counts, alive, make_stock)
+        replacement = _replacement(
+            proof.row, original, eviction, target, home, counts, alive, make_stock
+        )
         replacements[id(original)] = replacement
         _rebind(module, proof.row.function, original, replacement, undo)
     for binding in proof.bindings:
@@ -162,6 +167,7 @@ def _redirect(
 
 
 def _replacement(
+    row: SeamRow,
     original: SeamFunction,
     eviction: WeightEviction,
     target: torch.device,
@@ -170,10 +176,16 @@ def _replacement(
     alive: Alive,
     stock: Callable[[object, bool], Flush | None],
 ) -> SeamFunction:
-    def seam_replacement(device: object, *, enabled: bool) -> Flush | None:
+    shape = inspect.signature(original)
+
+    def seam_replacement(*args: object, **kwargs: object) -> Flush | None:
+        # The row's calling convention names the device and the flag, wherever they sit.
+        bound = shape.bind(*args, **kwargs)
+        bound.apply_defaults()
+        device, enabled = bound.arguments[row.device], bound.arguments[row.enabled]
         if not enabled:
-            return original(device, enabled=enabled)
-        here = same_device(torch.device(device), target)  # type: ignore[call-overload]
+            return original(*args, **kwargs)
+        here = same_device(torch.device(device), target)
         if here and not eviction.released:
             home.requested += 1
             home.served += 1

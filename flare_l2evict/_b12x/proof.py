@@ -24,7 +24,7 @@ import torch
 
 from .._errors import InstallError
 from .provider import provider_problem, versions
-from .table import ROOTS, SeamRow, fork_rows, stock_row, stock_rows
+from .table import ROOTS, SeamRow, fork_rows, stock_rows
 
 MARK = "__flare_l2evict__"
 """Attribute set on the plugin's replacement of the seam (its ``__wrapped__`` is the original)."""
@@ -271,7 +271,7 @@ def _blamed(what: str, error: Exception) -> InstallError:
 
 def _probe_disabled(row: SeamRow, original: SeamFunction) -> None:
     try:
-        probe = original(torch.device("cpu"), enabled=False)
+        probe = row.call(original, torch.device("cpu"), False)
     except Exception as error:
         raise _blamed(f"{row.dotted}(enabled=False)", error) from None
     if probe is not None:
@@ -318,7 +318,7 @@ def prove_seam() -> SeamProof:
 
 
 def measure_stock_buffer(
-    original: SeamFunction, device: torch.device, l2_cache_bytes: int
+    proof: SeamProof, device: torch.device, l2_cache_bytes: int
 ) -> StockBuffer:
     """What one call of stock's seam allocates on ``device``; freed again before returning.
 
@@ -332,15 +332,15 @@ def measure_stock_buffer(
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         before = torch.cuda.memory_allocated(device)
-        made = original(device, enabled=True)
+        made = proof.row.call(proof.original, device, True)
         grown = torch.cuda.memory_allocated(device) - before
         del made
         torch.cuda.empty_cache()
         return StockBuffer(max(0, grown), measured=True)
     try:
-        made = original(device, enabled=True)
+        made = proof.row.call(proof.original, device, True)
     except Exception:
-        return StockBuffer(stock_row().buffer_bytes(l2_cache_bytes), measured=False)
+        return StockBuffer(proof.row.buffer_bytes(l2_cache_bytes), measured=False)
     held = held_bytes(made)
     del made
     return StockBuffer(held, measured=True)

@@ -33,7 +33,9 @@ class SeamRow:
     the race code that must look the function up at call time; a caller
     whose module is in ``optional`` may be absent from a build.
     ``buffer_bytes(l2)`` is what one race job's eviction allocates where it
-    cannot be measured.
+    cannot be measured. ``device`` and ``enabled`` name the parameters the
+    plugin reads and passes (:meth:`call`): a seam whose signature changed is
+    one row too.
     """
 
     name: str
@@ -44,6 +46,19 @@ class SeamRow:
     callers: tuple[tuple[str, str], ...]
     optional: tuple[str, ...]
     buffer_bytes: Callable[[int], int]
+    device: str = "device"
+    """The calling convention: the parameter that names the device ..."""
+    enabled: str = "enabled"
+    """... and the one that asks for an eviction (false: none is made)."""
+
+    def call(self, function: Callable[..., Any], device: object, enabled: bool) -> Any:
+        """``function`` called as this row's signature takes a device and the enabled flag."""
+        given = {self.device: device, self.enabled: enabled}
+        args = [given[n] for n, kind in self.signature if kind == "POSITIONAL_ONLY" and n in given]
+        kwargs = {
+            n: given[n] for n, kind in self.signature if kind != "POSITIONAL_ONLY" and n in given
+        }
+        return function(*args, **kwargs)
 
     @property
     def module_path(self) -> str:
