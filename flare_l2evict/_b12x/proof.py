@@ -1,7 +1,7 @@
 """Prove, before anything changes, that b12x's races take their eviction where the plugin can.
 
 Stock b12x makes each race's eviction buffer in one function, named by a row
-of :mod:`._seam_table` (stock 1.5: ``_l2_flush_fn(device, *, enabled)`` of
+of :mod:`.table` (stock 1.5: ``_l2_flush_fn(device, *, enabled)`` of
 ``b12x.preparation._measurement``). Redirecting that module global only helps
 if every race asks it at call time. This module checks that, for the row the
 loaded b12x matches, and measures what the function really allocates, so the
@@ -46,7 +46,7 @@ class Binding:
 
 @dataclass(frozen=True)
 class SeamProof:
-    """What :func:`prove_seam` found; :func:`~flare_l2evict._install.install` acts on it alone.
+    """What :func:`prove_seam` found; :func:`~.patch.inject` acts on it alone.
 
     Invariant: every race code path of the loaded b12x that makes an eviction
     reaches one of ``seams``' ``_l2_flush_fn`` at call time, either through
@@ -89,7 +89,7 @@ def unwrap(function: Any) -> Any:
 def fork_function() -> Callable[..., Any] | None:
     """The fork's API where the loaded b12x has it: the one place fork-or-stock is chosen.
 
-    Where a fork row of :mod:`._seam_table` resolves, its function is used and
+    Where a fork row of :mod:`.table` resolves, its function is used and
     no stock seam is proven; otherwise :func:`prove_seam` proves a stock row.
     """
     for row in fork_rows():
@@ -284,7 +284,7 @@ def _probe_disabled(row: SeamRow, original: SeamFunction) -> None:
 def prove_seam() -> SeamProof:
     """Check the loaded b12x against its stock row and return what an installation must replace.
 
-    Imports the first stock row's module that exists (:mod:`._seam_table`)
+    Imports the first stock row's module that exists (:mod:`.table`)
     and its callers' modules, then checks, changing nothing: the seam's
     signature in every loaded copy of b12x; that each of the row's callers
     names the seam in its code, i.e. looks it up when it runs; that no class
