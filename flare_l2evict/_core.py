@@ -31,7 +31,7 @@ from ._errors import L2EvictError
 from ._install import Installation
 from ._lifecycle import PROCESS, Startup
 from ._log import say
-from ._outcome import DISABLED, Clock, Local, reason_of, report_of
+from ._outcome import DISABLED, NO_REPORT, Clock, Local, reason_of, report_of
 from ._report import ReclaimReport, Words
 from ._runtime import Placement
 from ._settings import L2EvictSettings
@@ -79,16 +79,10 @@ def guarded(
         escaped = False
     finally:
         try:
-            PROCESS.settle(startup, report or _unfinished(), escaped)
+            PROCESS.settle(startup, report or NO_REPORT, escaped)
         finally:  # idempotent: finishes a settling an asynchronous exception cut short
-            PROCESS.settle(startup, report or _unfinished(), escaped)
+            PROCESS.settle(startup, report or NO_REPORT, escaped)
     return report
-
-
-def _unfinished() -> ReclaimReport:
-    return ReclaimReport(
-        device="unknown", reclaimed_bytes=0, mechanism="none", reason="the hook did not finish"
-    )
 
 
 def start(
