@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.bench import Probe, compare, time_call
+from flare_l2evict._b12x.table import stock_row
 from flare_l2evict._eviction import WeightEviction
-from flare_l2evict._seam_table import stock_row
 from flare_l2evict.tools._choose_weights import choose_weights
 
 

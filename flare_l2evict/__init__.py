@@ -32,10 +32,10 @@ _EXPORTS: dict[str, str] = {
     "PluginNotFoundError": "_errors",
     "RuntimeContractError": "_errors",
     "WeightsError": "_errors",
-    "restore": "_install",
+    "restore": "_lifecycle",
     "hookimpl": "_markers",
     "hookspec": "_markers",
-    "evicting_from": "_program",
+    "evicting_from": "_evicting",
     "DeviceAudit": "_report",
     "ReclaimReport": "_report",
     "RegionRead": "_report",
@@ -73,12 +73,12 @@ if TYPE_CHECKING:
         RuntimeContractError as RuntimeContractError,
         WeightsError as WeightsError,
     )
-    from ._install import restore as restore
+    from ._evicting import evicting_from as evicting_from
+    from ._lifecycle import restore as restore
     from ._markers import (
         hookimpl as hookimpl,
         hookspec as hookspec,
     )
-    from ._program import evicting_from as evicting_from
     from ._report import (
         DeviceAudit as DeviceAudit,
         ReclaimReport as ReclaimReport,

@@ -7,13 +7,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ._seam import SeamProof, StockBuffer, fork_function, measure_stock_buffer, prove_seam
-from ._seam_table import fork_rows
+from ._b12x.proof import SeamProof, StockBuffer, fork_api, measure_stock_buffer, prove_seam
+from ._b12x.table import fork_rows
 from ._window import device_l2_bytes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from ._settings import L2EvictSettings
@@ -24,8 +26,9 @@ class CreditBasis:
     """The byte figures of this device that the credit rests on, and the seam they came from.
 
     ``stock`` is measured once, through the proven seam on CUDA, and used by
-    both the credit and the installation. ``proof`` is ``None`` only when the
-    fork's API is used (its buffer is the table's formula). ``race_jobs`` is
+    both the credit and the installation. Fork-or-stock is asked once, here:
+    exactly one of ``fork`` (the fork's API; its buffer is the table's
+    formula) and ``proof`` (the stock seam proven) is set. ``race_jobs`` is
     the host's count of race jobs held at once (what the credit multiplies).
     """
 
@@ -34,6 +37,7 @@ class CreditBasis:
     stock: StockBuffer
     race_jobs: int
     proof: SeamProof | None
+    fork: Callable[..., Any] | None = None
 
 
 def measure_basis(
@@ -52,9 +56,10 @@ def measure_basis(
     """
     l2 = device_l2_bytes(device) if l2_cache_bytes is None else l2_cache_bytes
     window = settings.window_bytes(l2)
-    if fork_function() is not None:
+    fork = fork_api()
+    if fork is not None:
         formula = fork_rows()[0].buffer_bytes(l2)
-        return CreditBasis(l2, window, StockBuffer(formula, False), race_jobs, None)
+        return CreditBasis(l2, window, StockBuffer(formula, False), race_jobs, None, fork)
     proof = prove_seam()
-    stock = measure_stock_buffer(proof.original, device, l2)
+    stock = measure_stock_buffer(proof, device, l2)
     return CreditBasis(l2, window, stock, race_jobs, proof)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-import weakref
+import weakref  # only for the plugin's own EvictionHandle, never on a host tensor
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -41,6 +41,15 @@ def _lone_refs() -> int:
 
 
 _LONE_REFS = _lone_refs()
+
+
+def _lone_tensor_refs() -> int:
+    """The Python count of a tensor held by one list slot, as ``_unheld_slot`` reads it."""
+    tensors = [torch.empty(1)]
+    return sys.getrefcount(tensors[0])
+
+
+_LONE_TENSOR_REFS = _lone_tensor_refs()
 
 
 def triton_started() -> bool:
@@ -109,7 +118,13 @@ class WeightEviction:
       storage that nothing but this object still holds (:meth:`unheld`), makes
       this and every later call run ``fallback`` instead: stock b12x's own
       eviction, allocated then, with one WARNING line; :attr:`fell_back_reason`
-      says why, for the audit. A call after :meth:`release` does the same.
+      says why, for the audit. A call after :meth:`release` does the same;
+    * it keeps no weak reference to a host tensor (``torch.utils.swap_tensors``
+      refuses a tensor that has one): host tensors are held strongly until
+      :meth:`release`, and one that only this object still holds counts as
+      this object's own. A free, on any thread, that lands before a read's
+      check falls back; one between the check and the read is outside the
+      host contract (``resident_tensors()`` stay allocated until ``until``).
     """
 
     def __init__(
@@ -118,7 +133,9 @@ class WeightEviction:
         *,
         fallback: Callable[[], Callable[[], None] | None] | None = None,
         kernel: Kernel = "auto",
+        until: str = "startup_complete",
     ) -> None:
+        self.until = until
         self.window_bytes = choice.window_bytes
         self.device = choice.device
         self.source_name = choice.name
@@ -134,8 +151,10 @@ class WeightEviction:
         self._cdatas: list[int] = []
         # (storage index, its address, bytes needed), and (host tensor, its address) per piece.
         self._needed: list[tuple[int, int, int]] = []
-        # Weakly: holding the host's tensor would keep a copy it returned alive (see unheld).
-        self._owners: list[tuple[weakref.ref[torch.Tensor], int, str]] = []
+        # Host tensors a piece was chosen through, each once, held strongly (no weakref: see
+        # the class docstring), and (index in _hosts, its address, region name) per piece.
+        self._hosts: list[torch.Tensor] = []
+        self._owners: list[tuple[int, int, str]] = []
         self._names: list[str] = []  # the region's name, per entry of _needed
         self.fell_back_reason: str | None = None
         """Why the reads stopped before :meth:`release` (``None``: they never did)."""
@@ -179,10 +198,14 @@ class WeightEviction:
         self._names.append(name)
         if piece.tensor is not None and _plain(piece.tensor):
             try:
-                held = weakref.ref(piece.tensor)
-                self._owners.append((held, _tensor_address(piece.tensor), name))
-            except Exception:  # a subclass of the host's that has no address, or no weakref
-                pass
+                address = _tensor_address(piece.tensor)
+            except Exception:  # a subclass of the host's that has no address
+                return
+            index = next((i for i, t in enumerate(self._hosts) if t is piece.tensor), None)
+            if index is None:
+                index = len(self._hosts)
+                self._hosts.append(piece.tensor)
+            self._owners.append((index, address, name))
 
     def _choose_kernel(self, kernel: Kernel) -> None:
         """Triton's read where asked (or ``auto`` and Triton already runs) and it loads."""
@@ -217,9 +240,9 @@ class WeightEviction:
             for slot, address, needed in self._needed:
                 if _address(storages[slot]) != address or _nbytes(storages[slot]) < needed:
                     return False
-            for held, address, _ in self._owners:
-                tensor = held()
-                if tensor is not None and _tensor_address(tensor) != address:
+            hosts = self._hosts
+            for index, address, _ in self._owners:
+                if _tensor_address(hosts[index]) != address:
                     return False
             if self._unheld_slot() is not None:
                 return False
@@ -267,12 +290,21 @@ class WeightEviction:
             return None
         for slot, ours in enumerate(self._ours):
             # _cdata is the storage's C++ address, fixed while this object holds the storage.
-            if _use_count(self._cdatas[slot]) > ours + 1:
+            if _use_count(self._cdatas[slot]) > ours + 1 + self._lone_hosts(slot):
                 continue  # another tensor of the host's (+1: the storage object)
             if sys.getrefcount(self._storages[slot]) > _LONE_REFS:
                 continue  # the host holds the storage object (a fused base it keeps)
             return slot
         return None
+
+    def _lone_hosts(self, slot: int) -> int:
+        """Host tensors on ``slot``'s storage that nothing but this object still holds."""
+        lone = 0
+        for tensor in self._hosts:
+            if sys.getrefcount(tensor) <= _LONE_TENSOR_REFS + 1:  # +1: the loop's own name
+                with torch._C.DisableTorchFunction():
+                    lone += tensor.untyped_storage()._cdata == self._cdatas[slot]
+        return lone
 
     def unheld(self) -> str | None:
         """Why a storage read is held by nothing but this object (``None``: every one is held).
@@ -287,8 +319,8 @@ class WeightEviction:
         name = self._names[next(i for i, n in enumerate(self._needed) if n[0] == slot)]
         return (
             f"nothing but the plugin holds the storage of {shown(repr(name), 120)} "
-            f"({_nbytes(self._storages[slot]):,} bytes): resident_tensors() returned a copy, "
-            "or the host dropped those weights"
+            f"({_nbytes(self._storages[slot]):,} bytes): a copy was passed, or its holder "
+            "dropped those weights"
         )
 
     def _why_not_intact(self) -> str:
@@ -305,10 +337,9 @@ class WeightEviction:
                     "resize_, share_memory_)"
                 )
         name = self.source_name
-        for held, address, region in self._owners:
-            tensor = held()
+        for index, address, region in self._owners:
             try:
-                moved = tensor is not None and _tensor_address(tensor) != address
+                moved = _tensor_address(self._hosts[index]) != address
             except Exception:
                 moved = True
             if moved:
@@ -343,12 +374,15 @@ class WeightEviction:
             say(
                 log,
                 logging.WARNING,
-                "flare_l2evict: eviction over %s on %s stops reading weights: %s; the rest of "
-                "start-up falls back to stock b12x's own buffer (startup_complete reports the "
-                "shortfall); fix: keep the weights in place until startup_complete",
+                "flare_l2evict: eviction over %s on %s stops reading weights: %s; until %s, "
+                "each race falls back to stock b12x's own buffer (%s reports the shortfall); "
+                "fix: keep the weights in place until %s",
                 shown(repr(self.source_name), 120),
                 self.device,
                 why,
+                self.until,
+                self.until,
+                self.until,
             )
             made = self._fallback_factory() if self._fallback_factory else None
             self._fallback = made if made is not None else _no_eviction
@@ -366,6 +400,7 @@ class WeightEviction:
         self._launches = []  # they hold views of the weights too
         self._needed = []
         self._owners = []
+        self._hosts = []
         self._ours = []
         self._cdatas = []
         self._storages = []

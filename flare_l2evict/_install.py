@@ -1,60 +1,44 @@
 """Install a :class:`WeightEviction` into b12x's start-up races, credit it, offer it, undo it.
 
 An :class:`Installation` is made with the device's :class:`~._basis.CreditBasis`
-and owns, from then on, everything about it: the credit (computed once, from
-what it really reads), the offer to the KV allocator and its hand-off with
-``startup_complete``, the audit, and the restore. The process holds at most
-one (:data:`~._lifecycle.PROCESS`); :func:`active_installation` finds it.
+and the process that holds it (:class:`Holder`; the process owner,
+:mod:`._lifecycle`, makes it through :func:`make_installation`), and owns,
+from then on, everything about it: the credit (computed once, from what it
+really reads), its policies (:meth:`~Installation.unheld`,
+:meth:`~Installation.kept`), the offer to the KV allocator and its hand-off
+with ``startup_complete``, the audit, and the restore.
 """
 
 from __future__ import annotations
 
 import gc
 import inspect
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 
+from ._b12x.patch import Alive, Counts, inject, stock_fallback
 from ._basis import CreditBasis
 from ._credit import Credit, credit
-from ._errors import InstallError, RuntimeContractError
-from ._eviction import EvictionHandle, Kernel, WeightEviction
-from ._lifecycle import PROCESS
-from ._report import DeviceAudit, ReclaimReport, RegionRead, StartupAudit
-from ._seam import MARK, Flush, SeamFunction, SeamProof, StockBuffer, fork_function, held_bytes
+from ._errors import RuntimeContractError
+from ._eviction import Kernel, WeightEviction
+from ._report import DeviceAudit, ReclaimReport, RegionRead, StartupAudit, Words
 from ._text import described, shown
-from ._weights import WeightChoice, same_device
+from ._weights import WeightChoice
 from ._window import WORD
 
 Mechanism = Literal["fork", "stock-seam"]
 
 
-@dataclass
-class _Counts:
-    requested: int = 0
-    served: int = 0
-    stock_buffers: int = 0
-    stock_bytes: int = 0
+class Holder(Protocol):
+    """The process that holds an installation: its lock, and forgetting a restored one."""
 
+    lock: threading.RLock
 
-class _Alive:
-    """Evictions the seam handed out that b12x has not dropped yet, and the most at once."""
-
-    def __init__(self) -> None:
-        self.now = 0
-        self.peak = 0
-
-    # Handles die on whatever thread drops them: the process lock (fork-safe) orders them.
-    def handed(self) -> None:
-        with PROCESS.lock:
-            self.now += 1
-            self.peak = max(self.peak, self.now)
-
-    def dropped(self) -> None:
-        with PROCESS.lock:
-            self.now -= 1
+    def release(self, installation: Installation) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -78,7 +62,11 @@ class Installation:
       raises; :meth:`end` during the offer (another thread, or a signal
       handler on this one) restores once ``add_reclaimed`` has returned;
     * :meth:`restore` puts stock b12x back and drops every reference to the
-      weights; it is idempotent and safe from any thread.
+      weights; it is idempotent and safe from any thread, and never raises an
+      ``Exception`` (an undo that raised is kept in :attr:`undo_error`). A
+      restore while the offered credit stands (before :meth:`end`) is audited:
+      the credit is the audit's SHORTFALL;
+    * :meth:`settle` is the start-up's one decision: kept iff the credit was offered.
     """
 
     def __init__(
@@ -86,12 +74,20 @@ class Installation:
         mechanism: Mechanism,
         eviction: WeightEviction,
         undo: list[Callable[[], None]],
-        counts: dict[str, _Counts],
-        alive: _Alive,
+        counts: dict[str, Counts],
+        alive: Alive,
         basis: CreditBasis,
         sources: tuple[RegionRead, ...],
+        process: Holder,
+        words: Words,
     ) -> None:
         self.mechanism: Mechanism = mechanism
+        self.words = words
+        self.undo_error: str | None = None
+        """What an undo step raised when restoring (``None``: stock came back)."""
+        self._process = process
+        self._cut_short = False
+        self._done = False
         self.device = eviction.device
         self.source_name = eviction.source_name
         self.read_bytes = eviction.read_bytes
@@ -133,6 +129,24 @@ class Installation:
         gc.collect(1)
         return self._eviction.unheld()
 
+    def kept(self, agreed_bytes: int, current: bool) -> bool:
+        """Whether to offer: it credits, the ranks agreed, and its start-up is still current.
+
+        Ranks race alike: if nothing is credited, nobody reads weights
+        (:meth:`settle` then restores).
+        """
+        return not self.restored and agreed_bytes > 0 and current
+
+    def settle(self) -> None:
+        """The start-up's exit: kept if and only if :meth:`offer` recorded its credit.
+
+        Idempotent, and the one place a start-up restores what it made, so an
+        exception anywhere before it strands nothing.
+        """
+        self.offer_over()
+        if self.offered_bytes == 0:
+            self.restore()
+
     @property
     def eviction(self) -> Callable[[], None]:
         """The callable the races run before each sample (for benches and tests)."""
@@ -145,11 +159,13 @@ class Installation:
 
     def offer(
         self,
-        add: Callable[[ReclaimReport], object],
+        add: Callable[[ReclaimReport], object] | None,
         report: ReclaimReport,
         current: Callable[[], bool],
     ) -> bool:
         """Hand ``report`` to the allocator once, if ``current()``; whether it was handed.
+
+        ``add`` ``None``: a program keeps the report itself; the credit is recorded all the same.
 
         ``current`` is asked under the process lock, so ``startup_complete``
         either came before (nothing offered; the caller restores) or comes
@@ -159,14 +175,15 @@ class Installation:
         allocator raised is recorded, then raised again.
         """
         try:
-            with PROCESS.lock:
+            with self._process.lock:
                 if not current():
                     return False
                 self._offer = _Offer(
                     report.reclaimed_bytes, self.basis.race_jobs, self.basis.stock.nbytes, None
                 )
                 self._offering = True
-            _check_returned(add(report))
+            if add is not None:
+                _check_returned(add(report))
         except BaseException as raised:
             if self._offer is not None:
                 self._offer = replace(self._offer, allocator_error=_one_line(raised))
@@ -211,6 +228,13 @@ class Installation:
         )
         offer = self._offer or _Offer(0, 0, 0, None)
         made = self._counts[key].stock_bytes if key in self._counts else 0
+        fell_back = self._eviction.fell_back_reason
+        if self._cut_short:  # the races after restore() made stock buffers the plugin never saw
+            made = offer.nbytes
+            fell_back = (
+                f"flare_l2evict.restore() ran before {self.words.ends}, while the credit "
+                "stood; the races after it allocated stock buffers"
+            )
         counted = self.mechanism != "fork"
         unused = 0
         if counted and offer.nbytes and self._alive.peak < offer.race_jobs:
@@ -226,21 +250,31 @@ class Installation:
             counted=counted,
             devices=devices,
             shortfall_bytes=min(made, offer.nbytes),
-            fallback_reason=self._eviction.fell_back_reason,
+            fallback_reason=fell_back,
         )
 
     def restore(self) -> None:
         """Stock b12x again, and no reference to the weights. Idempotent, from any thread."""
-        with PROCESS.lock:
-            if self.restored:
+        with self._process.lock:
+            if self._done:
                 return
+            if not self.restored:
+                self._cut_short = self._offer is not None and not self._ended
             self.restored = True
-        try:
-            for undo in reversed(self._undo):
-                undo()
-        finally:
-            self._eviction.release()
-            PROCESS.release(self)
+        # Resumable: a step is dropped only once it ran, so a restore cut short by an
+        # asynchronous exception is finished by the next call (the start-up's exit calls twice).
+        while self._undo:
+            step = self._undo[-1]
+            try:
+                step()
+            except Exception as error:  # the fork's API refused None: say so, go on
+                self.undo_error = self.undo_error or _one_line(error)
+            with self._process.lock:
+                if self._undo and self._undo[-1] is step:
+                    self._undo.pop()
+        self._eviction.release()
+        self._process.release(self)
+        self._done = True
 
     def __repr__(self) -> str:
         state = "restored" if self.restored else f"reads {self.read_bytes:,} bytes"
@@ -252,105 +286,27 @@ def _one_line(error: BaseException) -> str:
     return described(error, 500)
 
 
-def active_installation() -> Installation | None:
-    """The installation in force in this process, if any."""
-    return PROCESS.installed
+def make_installation(
+    choice: WeightChoice, basis: CreditBasis, process: Holder, words: Words, kernel: Kernel
+) -> tuple[Installation, Callable[[], None]]:
+    """Make b12x's race jobs on ``choice.device`` read the chosen weights, on a measured basis.
 
-
-def restore() -> None:
-    """Put stock b12x back and release the weights, whatever is installed. Idempotent."""
-    installation = PROCESS.installed
-    if installation is not None:
-        installation.restore()
-
-
-def _device_key(device: object) -> str:
-    try:
-        found = torch.device(device)  # type: ignore[call-overload]
-    except (RuntimeError, TypeError, ValueError):
-        return repr(device)
-    if found.type == "cuda" and found.index is None and torch.cuda.is_available():
-        found = torch.device("cuda", torch.cuda.current_device())
-    return str(found)
-
-
-def _counted_stock(
-    original: SeamFunction, counts: dict[str, _Counts], stock: StockBuffer
-) -> Callable[[object, bool], Flush | None]:
-    """Stock's eviction for ``device``, counted as a stock buffer with the bytes it took.
-
-    ``make(device, fallback)``: off CUDA, an original that cannot make a buffer
-    (stock b12x reads the L2 size from a CUDA device) raises as stock would,
-    unless ``fallback`` (the weights went away mid-start-up): then no eviction
-    is made and what a GPU would have allocated is counted.
+    The fork's API, where present, is handed the storage (``None`` undoes);
+    otherwise every seam and binding ``basis.proof`` found is replaced by one
+    function that hands each enabled call on ``choice.device`` an
+    :class:`~flare_l2evict._eviction.EvictionHandle` and defers elsewhere;
+    every call and stock buffer is counted for :meth:`Installation.audit`.
+    Returns the installation, which changes nothing yet, and the step that
+    does: recorded first, each change's undo registered before it is made,
+    an exception anywhere in between strands nothing.
     """
-
-    def make(device: object, fallback: bool) -> Flush | None:
-        target = torch.device(device)  # type: ignore[call-overload]
-        if target.type == "cuda":
-            before = torch.cuda.memory_allocated(target)
-            made = original(target, enabled=True)
-            grown = torch.cuda.memory_allocated(target) - before
-        else:
-            try:
-                made = original(target, enabled=True)
-            except Exception:
-                if not fallback:
-                    raise
-                made = None
-            grown = stock.nbytes if made is None else held_bytes(made)
-        entry = counts.setdefault(_device_key(device), _Counts())
-        entry.stock_buffers += 1
-        entry.stock_bytes += max(0, grown)
-        return made
-
-    return make
-
-
-def install(
-    choice: WeightChoice, basis: CreditBasis | None = None, *, kernel: Kernel = "auto"
-) -> Installation:
-    """Make b12x's race jobs on ``choice.device`` read the chosen weights.
-
-    Where the fork's API is present (:func:`~._seam.fork_function`) it is
-    handed the storage (and ``None`` to undo); otherwise stock b12x's seam as
-    ``basis.proof`` found it: every seam module's function and every other
-    binding of it is replaced by one function that hands each enabled call on
-    ``choice.device`` an :class:`~flare_l2evict._eviction.EvictionHandle` of
-    the one eviction, and defers to the original elsewhere. Every enabled
-    call is counted for :meth:`Installation.audit`, with the handles alive at
-    once, and every stock buffer made instead (other devices, or after the
-    weights went away) with the bytes it allocated. While an installation is
-    active, installing again raises :class:`~flare_l2evict.InstallError`.
-
-    ``basis`` ``None`` (benches and tests outside a start-up) measures them
-    here for 0 race jobs, so such an installation credits nothing.
-    """
-    found = basis if basis is not None else _basis_outside_startup(choice)
-    return PROCESS.hold(lambda: _make(choice, found, kernel))
-
-
-def _basis_outside_startup(choice: WeightChoice) -> CreditBasis:
-    from ._basis import measure_basis
-    from ._settings import L2EvictSettings
-
-    l2 = None if choice.device.type == "cuda" else max(1, choice.window_bytes // 2)
-    settings = L2EvictSettings.model_construct(window=choice.window_bytes)  # as chosen, unchecked
-    return measure_basis(choice.device, l2, settings, 0)
-
-
-def _make(choice: WeightChoice, basis: CreditBasis, kernel: Kernel) -> Installation:
-    counts: dict[str, _Counts] = {}
-    alive = _Alive()
-    fork = fork_function() if basis.proof is None else None
-    make_stock = None
-    if basis.proof is not None:
-        make_stock = _counted_stock(basis.proof.original, counts, basis.stock)
-    device = choice.device  # the fallback must not hold the choice: it holds the weights
+    counts: dict[str, Counts] = {}
+    alive = Alive(process)
     eviction = WeightEviction(
-        choice,
-        fallback=None if make_stock is None else (lambda: make_stock(device, True)),
+        choice,  # the fallback must not hold the choice: it holds the weights
+        fallback=stock_fallback(basis, counts, choice.device),
         kernel=kernel,
+        until=words.ends,
     )
     sources = tuple(
         RegionRead(
@@ -358,15 +314,10 @@ def _make(choice: WeightChoice, basis: CreditBasis, kernel: Kernel) -> Installat
         )
         for s in choice.regions
     )
-    if fork is not None:
-        views = eviction.views()
-        fork(views[0] if len(views) == 1 else views)
-        return Installation("fork", eviction, [lambda: fork(None)], counts, alive, basis, sources)
-    if basis.proof is None or make_stock is None:
-        eviction.release()
-        raise InstallError("the fork's API went away after it was found; stock b12x kept")
-    undo = _redirect(basis.proof, eviction, counts, alive, make_stock)
-    return Installation("stock-seam", eviction, undo, counts, alive, basis, sources)
+    undo: list[Callable[[], None]] = []
+    mechanism: Mechanism = "fork" if basis.fork is not None else "stock-seam"
+    made = Installation(mechanism, eviction, undo, counts, alive, basis, sources, process, words)
+    return made, inject(basis, eviction, counts, alive, undo)
 
 
 def _check_returned(returned: object) -> None:
@@ -384,62 +335,3 @@ def _check_returned(returned: object) -> None:
         "credit may not have been applied; fix: make add_reclaimed a plain function that grows "
         "the KV budget before returning"
     )
-
-
-def _redirect(
-    proof: SeamProof,
-    eviction: WeightEviction,
-    counts: dict[str, _Counts],
-    alive: _Alive,
-    make_stock: Callable[[object, bool], Flush | None],
-) -> list[Callable[[], None]]:
-    """Replace every seam the proof found; the undo steps, in the order they were done."""
-    target = eviction.device
-    home = counts.setdefault(_device_key(target), _Counts())
-    replacements: dict[int, SeamFunction] = {}
-    undo: list[Callable[[], None]] = []
-    for module, original in proof.seams:
-        replacement = _replacement(original, eviction, target, home, counts, alive, make_stock)
-        replacements[id(original)] = replacement
-        undo.append(_rebind(module, proof.row.function, original, replacement))
-    for binding in proof.bindings:
-        replacement = replacements[id(binding.original)]
-        undo.append(_rebind(binding.owner, binding.name, binding.original, replacement))
-    return undo
-
-
-def _replacement(
-    original: SeamFunction,
-    eviction: WeightEviction,
-    target: torch.device,
-    home: _Counts,
-    counts: dict[str, _Counts],
-    alive: _Alive,
-    stock: Callable[[object, bool], Flush | None],
-) -> SeamFunction:
-    def seam_replacement(device: object, *, enabled: bool) -> Flush | None:
-        if not enabled:
-            return original(device, enabled=enabled)
-        here = same_device(torch.device(device), target)  # type: ignore[call-overload]
-        if here and not eviction.released:
-            home.requested += 1
-            home.served += 1
-            alive.handed()
-            return EvictionHandle(eviction, alive.dropped)
-        counts.setdefault(_device_key(device), _Counts()).requested += 1
-        return stock(device, False)
-
-    setattr(seam_replacement, MARK, True)
-    seam_replacement.__wrapped__ = original  # type: ignore[attr-defined]
-    return seam_replacement
-
-
-def _rebind(owner: object, name: str, original: object, replacement: object) -> Callable[[], None]:
-    setattr(owner, name, replacement)
-
-    def undo() -> None:
-        # Only put the original back if nobody replaced ours in the meantime.
-        if getattr(owner, name, None) is replacement:
-            setattr(owner, name, original)
-
-    return undo

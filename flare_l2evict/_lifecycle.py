@@ -4,10 +4,15 @@ Like pluggy's ``PluginManager``, one object (:data:`PROCESS`) holds every
 piece of state the plugin keeps between calls; nothing else in the package
 keeps any. Its invariants, which the KV allocator relies on:
 
-* at most one start-up per process, and it belongs to the runtime that began
-  it: only ``startup_complete`` with that runtime ends it;
+* at most one start-up per process. It ends only by ``startup_complete``
+  with the runtime that began it, or with the report its
+  ``before_first_capture`` returned (:meth:`Startup.ends_with`); a start-up
+  whose credit stands is never ended by another runtime, by ``None``, or
+  because its runtime object is gone;
 * at most one installation per process (:attr:`Process.installed`), whoever
   made it; :meth:`Process.hold` refuses a second one;
+* a start-up settles in one place (:meth:`Process.settle`): its installation
+  stays if and only if its credit was offered;
 * the lock is re-entrant, so a signal handler that runs ``startup_complete``
   on a thread that holds it does not deadlock, and it is made anew in a forked
   child, so a child forked while another thread held it does not block. It is
@@ -24,11 +29,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._errors import InstallError
+from ._install import Installation, make_installation
 from ._text import shown
 
 if TYPE_CHECKING:
-    from ._install import Installation
-    from ._report import ReclaimReport
+    from ._basis import CreditBasis
+    from ._eviction import Kernel
+    from ._report import ReclaimReport, Words
+    from ._weights import WeightChoice
 
 
 @dataclass
@@ -36,8 +44,8 @@ class Startup:
     """One start-up: the runtime it belongs to, who runs it, what it installed and reported.
 
     The runtime is held weakly where it allows it, so a start-up that fell
-    back keeps no host object alive; once that runtime is gone, the start-up
-    belongs to whoever ends it.
+    back keeps no host object alive; once that runtime is gone, a start-up
+    whose credit does not stand belongs to whoever ends it.
     """
 
     owner: Callable[[], object]
@@ -50,9 +58,22 @@ class Startup:
         """The runtime that began it (``None`` once a weakly held one is gone)."""
         return self.owner()
 
-    def belongs_to(self, runtime: object) -> bool:
+    @property
+    def credited(self) -> bool:
+        """Whether a credit offered by this start-up stands (the allocator may have applied it)."""
+        made = self.installation
+        return made is not None and made.offered_bytes > 0
+
+    def ends_with(self, runtime: object) -> bool:
+        """Whether ``startup_complete(runtime)`` ends this start-up.
+
+        Its own runtime, or the report its hook returned, always does; ``None``,
+        another runtime once its own is gone, never while its credit stands.
+        """
         owner = self.owner()
-        return owner is None or owner is runtime
+        if runtime is not None and (runtime is owner or runtime is self.report):
+            return True
+        return not self.credited and (runtime is None or owner is None)
 
 
 def _held(runtime: object) -> Callable[[], object]:
@@ -88,39 +109,71 @@ class Process:
         with self.lock:
             return self.startup is startup
 
-    def belongs_to(self, runtime: object) -> bool:
-        """Whether the start-up in progress is the one ``runtime`` began."""
-        with self.lock:
-            return self.startup is not None and self.startup.runtime is runtime
+    def settle(self, startup: Startup, report: ReclaimReport, escaped: bool) -> None:
+        """The hook's one exit: keep the installation iff its credit was offered; record the report.
 
-    def end(self, runtime: object | None) -> tuple[Startup | None, str | None]:
-        """End the start-up ``runtime`` began (any, for ``None``); why not, when it is not ended.
+        ``escaped``: an exception leaves the hook. Then a start-up that offered
+        nothing is ended too, so a retry begins anew instead of meeting it.
+        """
+        made = startup.installation
+        if made is not None:
+            made.settle()
+        with self.lock:  # after the settling: a start-up ended here has nothing installed
+            startup.report = startup.report or report
+            if escaped and not startup.credited and self.startup is startup:
+                self.startup = None
+
+    def end(self, runtime: object | None, force: bool = False) -> tuple[Startup | None, str | None]:
+        """End the start-up ``runtime`` ends (:meth:`Startup.ends_with`); why not, when it is not.
 
         Returns the start-up ended (``None`` when there was none) and, when
-        the call belongs to no start-up in progress, the one-line reason it
-        changed nothing.
+        the call ends no start-up in progress, the one-line reason it changed
+        nothing. ``force`` (:func:`flare_l2evict.plugin.finish`) ends any.
         """
         with self.lock:
             startup = self.startup
-            if startup is None or runtime is None or startup.belongs_to(runtime):
+            if startup is None or force or startup.ends_with(runtime):
                 self.startup = None
                 return startup, None
+            credit = startup.installation.offered_bytes if startup.installation else 0
+        whose = "None" if runtime is None else "a runtime that began no start-up in progress here"
+        active = (
+            f"a start-up whose credit of {credit:,} bytes stands is active"
+            if credit
+            else "another model's start-up is running, with its own runtime"
+        )
         return None, (
-            "startup_complete with a runtime that began no start-up in progress here (another "
-            "model's start-up is running, with its own runtime); this call changed nothing; fix: "
-            "pass startup_complete the runtime its before_first_capture got"
+            f"startup_complete with {whose} ({active}); this call changed nothing; fix: pass "
+            "startup_complete the runtime its before_first_capture got, or the report that "
+            "call returned"
         )
 
-    def hold(self, make: Callable[[], Installation]) -> Installation:
-        """Install what ``make`` builds, or refuse: the caller owns exactly what it gets."""
+    def install(
+        self,
+        choice: WeightChoice,
+        basis: CreditBasis,
+        words: Words,
+        kernel: Kernel = "auto",
+        startup: Startup | None = None,
+    ) -> Installation:
+        """Make b12x's races read ``choice`` (:func:`~._install.make_installation`), or refuse.
+
+        While an installation is active, installing again raises
+        :class:`~flare_l2evict.InstallError`; the caller owns exactly what it gets.
+        The installation is recorded (here and on ``startup``, in one step)
+        before b12x is changed, so whatever interrupts the change, its settling
+        finds what to undo.
+        """
         with self.lock:
             if self.installed is not None:
                 raise InstallError(
                     f"{shown(repr(self.installed), 300)} is already active in this process; "
                     "fix: restore() it (or call startup_complete) before installing again"
                 )
-            self.installed = make()
-            return self.installed
+            made, apply = make_installation(choice, basis, self, words, kernel)
+            self.installed = (startup or Startup(lambda: None, 0)).installation = made
+        apply()
+        return made
 
     def release(self, installation: Installation) -> None:
         """Forget ``installation`` once it is restored (only it: a later one stays)."""
@@ -131,3 +184,43 @@ class Process:
 
 PROCESS = Process()
 os.register_at_fork(after_in_child=PROCESS.after_fork_in_child)
+
+
+def install(
+    choice: WeightChoice, basis: CreditBasis, *, kernel: Kernel = "auto", words: Words | None = None
+) -> Installation:
+    """Install ``choice`` in this process on a measured ``basis`` (see :meth:`Process.install`)."""
+    from ._report import HOST
+
+    return PROCESS.install(choice, basis, words or HOST, kernel)
+
+
+def ensure_ended(runtime: object | None, force: bool) -> None:
+    """End what ``startup_complete(runtime)`` ends, and what is installed once no start-up is.
+
+    Idempotent: ``startup_complete`` calls it last, from a ``finally``, so an
+    exception at any of its lines still ends its start-up, with stock b12x
+    back and no reference to the weights.
+    """
+    PROCESS.end(runtime, force)
+    with PROCESS.lock:
+        made = PROCESS.installed if PROCESS.startup is None else None
+    if made is not None:
+        made.end()
+
+
+def active_installation() -> Installation | None:
+    """The installation in force in this process, if any."""
+    return PROCESS.installed
+
+
+def restore() -> None:
+    """Put stock b12x back and release the weights, whatever is installed. Idempotent.
+
+    While a start-up's credit stands, the races after this allocate stock
+    buffers the allocator was promised: ``startup_complete``'s audit names
+    the credit as SHORTFALL in its WARNING line.
+    """
+    installation = PROCESS.installed
+    if installation is not None:
+        installation.restore()

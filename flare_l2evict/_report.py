@@ -2,9 +2,44 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+
+
+@dataclass(frozen=True)
+class Words:
+    """How a line names the caller's side: a host's hooks, or a program's ``with`` block."""
+
+    began: str
+    """Where the credit was made: ``before_first_capture``, or the block's entry."""
+    ends: str
+    """What ends it: ``startup_complete``, or the block's exit."""
+    race_jobs: str
+    """The fix that sets how many race jobs are credited (``{}``: the number)."""
+    resident: str
+    """What must name the tensors that stay resident."""
+    races: str
+    """Where the races must run for the audit to see them."""
+
+
+HOST = Words(
+    "before_first_capture",
+    "startup_complete",
+    "set runtime.race_jobs to {}",
+    "resident_tensors() must return the tensors the model keeps resident",
+    "if this host races, call startup_complete after its last race (a race after it "
+    "allocates stock buffers out of the KV cache's memory)",
+)
+PROGRAM = Words(
+    "the evicting_from block's entry",
+    "the end of the evicting_from block",
+    "pass race_jobs={}",
+    "pass evicting_from the tensors the program keeps resident",
+    "if this program races, run its races inside the block (a race after it allocates "
+    "a stock buffer of its own)",
+)
 
 
 class RegionRead(BaseModel):
@@ -155,14 +190,14 @@ class StartupAudit(BaseModel):
             or self.fallback_reason
         )
 
-    def summary(self) -> str:
-        """One line for the start-up log."""
+    def summary(self, words: Words = HOST) -> str:
+        """One line for the start-up log (``words``: a program's block names its own)."""
         if self.mechanism == "none":
             return "nothing was installed; stock b12x ran its races"
         if not self.counted:
             return (
                 f"credited {self.credited_bytes:,} bytes on {self.device} via the fork's "
-                "use_startup_eviction; its race evictions are not visible to the plugin"
+                "API; its race evictions are not visible to the plugin"
             )
         parts = [
             f"{d.device}: {d.requested} evictions asked, {d.served_by_weights} served by weights, "
@@ -182,17 +217,16 @@ class StartupAudit(BaseModel):
             # No race ran under the plugin: the audit has nothing to hold race_jobs to, and
             # 0 race jobs would be no fix (a host that races needs at least one).
             head += (
-                f"; NO RACE RAN: no eviction was asked between before_first_capture and "
-                f"startup_complete, so no race used the {self.credited_bytes:,} credited bytes "
-                f"and the audit cannot confirm the {self.race_jobs} race jobs credited; if this "
-                "host races, call startup_complete after its last race (a race after it "
-                "allocates stock buffers out of the KV cache's memory)"
+                f"; NO RACE RAN: no eviction was asked between {words.began} and "
+                f"{words.ends}, so no race used the {self.credited_bytes:,} credited bytes "
+                f"and the audit cannot confirm the {self.race_jobs} race jobs credited; "
+                + words.races
             )
         elif self.unused_credit_bytes:
             head += (
                 f"; UNUSED CREDIT {self.unused_credit_bytes:,} bytes: {self.race_jobs} race jobs "
-                f"credited but at most {self.peak_alive} held an eviction at once; fix: set "
-                f"runtime.race_jobs to {self.peak_alive}"
+                f"credited but at most {self.peak_alive} held an eviction at once; fix: "
+                + words.race_jobs.format(self.peak_alive)
             )
         if self.fallback_reason:
             head += f"; FELL BACK to stock mid-start-up: {self.fallback_reason}"

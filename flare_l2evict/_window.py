@@ -16,7 +16,7 @@ _FLOOR_BYTES = 64 << 20
 def stock_window_bytes(l2_cache_bytes: int) -> int:
     """``max(2 x L2, 64 MiB)``: the bytes stock b12x's eviction is asked to read per sample.
 
-    Mirrors ``b12x.preparation._measurement._l2_flush_fn``.
+    Mirrors stock b12x's seam (the b12x wing's table, :mod:`._b12x.table`).
     """
     return max(2 * int(l2_cache_bytes), _FLOOR_BYTES)
 
@@ -24,7 +24,7 @@ def stock_window_bytes(l2_cache_bytes: int) -> int:
 def stock_buffer_bytes(l2_cache_bytes: int) -> int:
     """Bytes of the float32 buffer stock b12x allocates, and reads, per race job.
 
-    ``_l2_flush_fn`` rounds the window up to whole float32 elements. Its 0-d
+    Stock's seam rounds the window up to whole float32 elements. Its 0-d
     float32 output is left out on purpose: the plugin allocates one too, so
     leaving it out keeps the reclaimed figure a lower bound.
     """

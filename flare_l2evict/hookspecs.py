@@ -17,7 +17,19 @@ Call order, once per GPU process:
 3. run the start-up races and captures; size the KV cache;
 4. ``pm.hook.startup_complete(runtime=runtime)`` once the last race job has
    closed. Plugins then restore what they changed and drop every reference
-   they hold to the runtime's tensors.
+   they hold to the runtime's tensors. A host that cannot pass the same
+   runtime object again (one made just for the call) passes the report
+   ``before_first_capture`` returned instead: ``startup_complete(runtime=report)``.
+   A credited start-up is ended by nothing else: not by another runtime, not
+   by ``None``, not by its runtime object being gone.
+
+Between the two hooks the tensors ``resident_tensors()`` returned stay
+allocated: the races read them. A free, resize or re-pointing the plugin can
+see before a read (on any thread) makes that read and every later one fall
+back to stock b12x, and the audit names the shortfall; but memory freed from
+another thread *while* a race reads it can end the process (an illegal
+memory access on CUDA, SIGSEGV on the CPU), as it would for the host's own
+kernels. The CPU path keeps the same contract.
 
 Under tensor parallelism every rank calls both hooks; ``before_first_capture``
 runs a collective on ``runtime.process_group``, so every rank must call it.
@@ -113,7 +125,10 @@ class FlareRuntime(Protocol):
         (a storage nothing but the plugin would hold is not credited). The
         plugin only reads them and holds no reference after
         ``startup_complete``. Tensors whose storages overlap in memory count
-        once.
+        once. They stay allocated until ``startup_complete``: freeing one from
+        another thread while races run can end the process (see the module
+        docstring). The plugin keeps no weak reference on them, so the host's
+        ``torch.utils.swap_tensors`` and friends work as without it.
     """
 
     device: torch.device
@@ -151,6 +166,9 @@ class FlareStartupSpec:
         they really did (evictions asked and served, stock buffers made after
         the credit) for the host's log; it has already logged one line of it.
         A start-up belongs to its runtime: called with another runtime than the
-        one ``before_first_capture`` got (a second model's), it changes nothing
-        and logs one line.
+        one ``before_first_capture`` got (a second model's), or with ``None``
+        while its credit stands, it changes nothing and logs one line. The
+        report ``before_first_capture`` returned ends it too (for a host that
+        cannot pass the same runtime object again). It never raises an
+        ``Exception``.
         """

@@ -122,8 +122,8 @@ if layout == "flashinfer-python":
 else:
     sys.path.insert(0, root)
 
-import flare_l2evict._provider as provider
-import flare_l2evict._seam as seam
+import flare_l2evict._b12x.provider as provider
+import flare_l2evict._b12x.proof as seam
 
 # The release under test is unpacked, not installed: name it in the reasons, wherever
 # the reasons read the installed versions from.

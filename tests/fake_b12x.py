@@ -110,10 +110,14 @@ def write_fake(
     return root
 
 
-def write_moved_fake(root: Path, *, l2: int, module: str, function: str) -> Path:
+def write_moved_fake(
+    root: Path, *, l2: int, module: str, function: str, keywords: bool = False
+) -> Path:
     """A release whose seam moved: ``preparation.<module>.<function>``, stock's shape otherwise.
 
     No ``preparation._measurement`` exists; the session imports the new name at call time.
+    ``keywords``: the seam's signature changed too, to ``(*, enabled, device)``, and every
+    caller passes both by keyword.
     """
     package = root / "b12x"
     (package / "preparation").mkdir(parents=True)
@@ -122,12 +126,18 @@ def write_moved_fake(root: Path, *, l2: int, module: str, function: str) -> Path
     guard = "if not enabled:\n        return None"
     text = MEASUREMENT.format(l2=l2, factor=2, guard=guard, race_maker=function)
     text = text.replace("def _l2_flush_fn(", f"def {function}(")
+    call = f"{function}(self.device, enabled=True)"
+    if keywords:
+        text = text.replace(
+            f"def {function}(device, *, enabled)", f"def {function}(*, enabled, device)"
+        )
+        text = text.replace(
+            f'{function}(torch.device("cpu"), enabled=True)',
+            f'{function}(enabled=True, device=torch.device("cpu"))',
+        )
+        call = f"{function}(enabled=True, device=self.device)"
     (package / "preparation" / f"{module}.py").write_text(textwrap.dedent(text))
-    session = _SESSION.format(
-        top="",
-        inside=f"from .{module} import {function}",
-        call=f"{function}(self.device, enabled=True)",
-    )
+    session = _SESSION.format(top="", inside=f"from .{module} import {function}", call=call)
     (package / "preparation" / "session.py").write_text(textwrap.dedent(session))
     return root
 

@@ -20,7 +20,14 @@ Kinds (what the host does right after ``before_first_capture``):
 - ``offload``: ``param.data = param.data.to("cpu")`` (a copy, on a CPU device);
 - ``dropped``: the host drops every reference to its weights (``del model``):
   only the eviction would keep them alive;
-- ``none``: nothing (the control).
+- ``none``: nothing (the control);
+- ``between-races``: the weights' storage is freed on the race thread between
+  two rounds of evictions (``empty_cache()`` after it on CUDA);
+- ``concurrent``: another thread frees the weights' storage while
+  :data:`CONCURRENT_EVICTIONS` evictions run, without ``empty_cache()`` (the
+  host contract: a free the plugin sees before a read falls back; one that
+  lands during a read is the host's breach, but the caching allocator keeps
+  the memory mapped, so the process stays healthy).
 
 On CUDA the freed memory is handed back with ``torch.cuda.empty_cache()`` and a
 "KV cache" tensor is allocated over it before the races run.
@@ -33,6 +40,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +65,11 @@ KINDS = (
     "swap",
     "offload",
     "dropped",
+    "between-races",
+    "concurrent",
 )
 EVICTIONS = 6
+CONCURRENT_EVICTIONS = 60
 FREED = [
     "owned-resize0",
     "owned-resize2n",
@@ -140,6 +151,24 @@ def _free(kind: str, kept: Any, device: torch.device, nbytes: int) -> None:
         kept.data = kept.data.to("cpu") if device.type == "cuda" else kept.data.clone()
 
 
+def _race(kind: str, handles: list[Any], kept: Any, device: torch.device, nbytes: int) -> None:
+    """The evictions the races run, with the free ``kind`` makes during them."""
+    rounds = CONCURRENT_EVICTIONS if kind == "concurrent" else EVICTIONS
+    freer = threading.Thread(target=_free, args=("owned-resize0", kept, device, nbytes))
+    for number in range(rounds):
+        if kind == "between-races" and number == EVICTIONS // 2:
+            _free("owned-resize0", kept, device, nbytes)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        if kind == "concurrent" and number == 1:
+            freer.start()
+        for handle in handles:
+            if handle is not None:
+                handle()
+    if kind == "concurrent":
+        freer.join()
+
+
 def main(kind: str, device_name: str) -> dict[str, Any]:
     device = torch.device(device_name)
     cuda = device.type == "cuda"
@@ -173,10 +202,7 @@ def main(kind: str, device_name: str) -> dict[str, Any]:
     # CPU, the races run only where the plugin is installed.
     races = cuda or report.reclaimed_bytes > 0
     handles = [_measurement._l2_flush_fn(device, enabled=True) for _ in range(2 * races)]
-    for _ in range(EVICTIONS):
-        for handle in handles:
-            if handle is not None:
-                handle()
+    _race(kind, handles, kept, device, nbytes)
     if cuda:
         torch.cuda.synchronize(device)
         # The "KV cache" over the freed memory is intact (the eviction never writes),

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from figures import KV_BYTES_PER_TOKEN
 
 from flare_l2evict import hookimpl
-from flare_l2evict._install import active_installation
+from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_example_checkpoint
 
 

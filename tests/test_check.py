@@ -19,10 +19,11 @@ import pytest
 import torch
 from figures import OWN, MiB
 
-from flare_l2evict._provider import b12x_origin, provider_problem
+from flare_l2evict._b12x.provider import provider_problem
 from flare_l2evict._settings import DISABLED
 from flare_l2evict.tools import _check
 from flare_l2evict.tools._cli import main
+from flare_l2evict.tools._origin import b12x_origin
 from flare_l2evict.tools._profiles import PROFILES
 from flare_l2evict.tools._releases import judged
 
@@ -279,7 +280,7 @@ def test_the_fork_is_named_as_the_provider(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fork_stand_in = types.ModuleType("b12x.comm.pcie")
-    fork_stand_in.use_startup_eviction = lambda tensor: None  # type: ignore[attr-defined]
+    fork_stand_in.use_startup_eviction = lambda storage: None  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
     code, out, _ = run(capsys, "check", "--device", "cpu")
     provider = next(line for line in out.splitlines() if line.startswith("b12x provider:"))

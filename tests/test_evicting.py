@@ -18,9 +18,9 @@ from figures import OWN, MiB
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, plugin
+from flare_l2evict._b12x.table import stock_row
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._install import active_installation
-from flare_l2evict._seam_table import stock_row
+from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
     ReferenceRuntime,
@@ -66,9 +66,10 @@ def test_an_exception_inside_the_block_restores_stock_and_propagates() -> None:
     class ProgramFailedStandIn(Exception):
         """What the program's own race code raised."""
 
+    resident = weights()  # the program keeps them: a mapping only the block held is not credited
     with (
         pytest.raises(ProgramFailedStandIn),
-        flare_l2evict.evicting_from(weights(), race_jobs=2, l2_cache_bytes=L2) as report,
+        flare_l2evict.evicting_from(resident, race_jobs=2, l2_cache_bytes=L2) as report,
     ):
         assert report.reclaimed_bytes > 0 and seam() is not STOCK_SEAM
         raise ProgramFailedStandIn
@@ -167,3 +168,64 @@ def test_bad_arguments_are_named_in_the_programs_words(
     ):
         raise AssertionError("the block must not run")
     assert seam() is STOCK_SEAM and active_installation() is None
+
+
+def test_a_tensor_only_the_block_keeps_alive_is_not_credited() -> None:
+    # Issue 28: the block once reported 64,978,432 bytes for a tensor nothing else held.
+    with flare_l2evict.evicting_from(weights(), race_jobs=1, l2_cache_bytes=L2) as report:
+        assert report.reclaimed_bytes == 0 and seam() is STOCK_SEAM
+    assert "nothing but the plugin holds the storage" in (report.reason or "")
+    assert "resident_tensors" not in (report.reason or "")
+
+
+def test_the_block_keeps_only_what_the_races_read_alive() -> None:
+    kept = torch.zeros(128 * MiB // 4)
+    dropped = torch.zeros(MiB // 4)  # too small to be read: the program drops it
+    alive = dropped.untyped_storage()._weak_ref()
+    tensors = {"model.layers.0.mlp.experts.w13_weight": kept, "model.norm.weight": dropped}
+    with flare_l2evict.evicting_from(tensors, race_jobs=1, l2_cache_bytes=L2) as report:
+        assert report.reclaimed_bytes > 0
+        del tensors, dropped
+        gc.collect()
+        assert torch.UntypedStorage._expired(alive)  # the block does not hold the mapping
+
+
+class RaisingTextStandIn(str):
+    """A program's str subclass whose every method raises."""
+
+    def __getattribute__(self, name: str) -> object:
+        raise RuntimeError(f"{name} refused")
+
+
+def test_an_argument_whose_methods_raise_never_raises_on_entry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    resident = weights()
+    for bad in ({"window": RaisingTextStandIn("stock")}, {"on_error": RaisingTextStandIn("x")}):
+        with (
+            caplog.at_level(logging.INFO, logger="flare_l2evict"),
+            flare_l2evict.evicting_from(resident, race_jobs=1, l2_cache_bytes=L2, **bad) as report,  # type: ignore[arg-type]
+        ):
+            assert seam() is STOCK_SEAM or report.reclaimed_bytes > 0
+    assert active_installation() is None and seam() is STOCK_SEAM
+
+
+@pytest.mark.parametrize("race_jobs", [3, 1], ids=["unused-credit", "no-race-ran"])
+def test_every_line_a_block_prints_names_its_own_arguments(
+    race_jobs: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    resident = weights()
+    with (
+        caplog.at_level(logging.INFO, logger="flare_l2evict"),
+        flare_l2evict.evicting_from(resident, race_jobs=race_jobs, l2_cache_bytes=L2) as report,
+    ):
+        assert report.reclaimed_bytes > 0
+        if race_jobs == 3:  # one race holds one eviction: race_jobs=3 credits two unused
+            handle = seam()(torch.device("cpu"), enabled=True)  # type: ignore[operator]
+            handle()
+            del handle
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("flare_l2evict")]
+    assert lines and any("UNUSED CREDIT" in x or "NO RACE RAN" in x for x in lines)
+    for line in lines:
+        assert "runtime" not in line and "startup_complete" not in line, line
+        assert "before_first_capture" not in line, line

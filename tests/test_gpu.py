@@ -27,9 +27,12 @@ from figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
 import flare_l2evict
 from benchmarks.bench import Probe, compare
 from benchmarks.bench._probe import spacer
+from flare_l2evict._basis import CreditBasis, measure_basis
 from flare_l2evict._credit import READ_KERNEL_BYTES
 from flare_l2evict._eviction import Kernel, WeightEviction
-from flare_l2evict._install import install
+from flare_l2evict._lifecycle import install
+from flare_l2evict._settings import L2EvictSettings
+from flare_l2evict._weights import WeightChoice
 from flare_l2evict._window import stock_window_bytes
 from flare_l2evict.tools._choose_weights import choose_weights
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, example_tensors
@@ -37,6 +40,12 @@ from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, example_
 pytestmark = pytest.mark.gpu
 
 KiB = 1 << 10
+
+
+def measured(chosen: WeightChoice) -> CreditBasis:
+    """The device's measured basis for an installation outside a start-up (0 race jobs)."""
+    settings = L2EvictSettings.model_construct(window=chosen.window_bytes)
+    return measure_basis(chosen.device, None, settings, 0)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +106,7 @@ def test_read_kernel_is_triton_where_it_loads(
 _CODE_PROBE = """
 import json, torch
 from flare_l2evict._eviction import WeightEviction
+from flare_l2evict._weights import WeightChoice
 from flare_l2evict.tools._choose_weights import choose_weights
 device = torch.device("cuda", 0)
 weights = torch.ones(64 << 18, device=device)
@@ -228,7 +238,10 @@ def test_prepare_race_steps_uses_the_installed_eviction(
 ) -> None:
     from flare_l2evict.tools.reference_host import gemm_candidates, run_race
 
-    install(choose_weights({"w": weights}, weights.device, stock_window_bytes(l2)))
+    install(
+        chosen := choose_weights({"w": weights}, weights.device, stock_window_bytes(l2)),
+        measured(chosen),
+    )
     calls = gemm_candidates(device)
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
@@ -253,7 +266,10 @@ def test_freed_storage_falls_back_to_stock_and_logs(
     weights: torch.Tensor,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    install(choose_weights({"w": weights}, weights.device, stock_window_bytes(l2)))
+    install(
+        chosen := choose_weights({"w": weights}, weights.device, stock_window_bytes(l2)),
+        measured(chosen),
+    )
     eviction = measurement._l2_flush_fn(device, enabled=True)
     weights.untyped_storage().resize_(0)
     torch.cuda.synchronize(device)

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.gpu
 
 # share_memory_() moves a CPU storage into shared memory; on CUDA torch makes it a no-op.
 MOVED_ON_CUDA = [kind for kind in FREED if kind != "slice-share"]
+DURING_RACES = ["between-races", "concurrent"]
 
 
 @pytest.fixture(autouse=True)
@@ -57,3 +58,18 @@ def test_slices_without_their_owner_are_refused_on_the_gpu() -> None:
     print(got)
     assert got["healthy"] and got["credited"] == 0, got
     assert "2 borrowed" in str(got["reason"]), got
+
+
+@pytest.mark.parametrize("kind", DURING_RACES)
+def test_a_free_during_the_races_leaves_the_process_healthy(kind: str) -> None:
+    # Issue 28: freed on the race thread between races (empty_cache after it), or from
+    # another thread while 60 evictions run (no empty_cache): healthy, with the audit.
+    got = freed(kind, "cuda:0")
+    print(got)
+    assert got["healthy"] and got["credited"], got
+    if kind == "between-races":  # the next read's check sees it: one line, the shortfall
+        assert got["eviction_warnings"] == 1 and got["fallback_reason"], got
+        assert got["shortfall_bytes"] and got["audit_warns"], got
+    else:  # seen before some read, or never (every read came first): never over-credited
+        assert got["eviction_warnings"] <= 1, got
+        assert bool(got["fallback_reason"]) == bool(got["shortfall_bytes"]), got

@@ -17,7 +17,7 @@ import flare_l2evict
 import flare_l2evict._eviction
 from flare_l2evict import plugin
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._install import active_installation
+from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
     ReferenceRuntime,

@@ -61,9 +61,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import flare_l2evict
 from flare_l2evict import ConfigError, L2EvictError, load_deployment_config, plugin
+from flare_l2evict._b12x.table import stock_row
 from flare_l2evict._errors import CheckpointError
-from flare_l2evict._install import active_installation
-from flare_l2evict._seam_table import stock_row
+from flare_l2evict._lifecycle import active_installation
 from flare_l2evict._text import described_value
 from flare_l2evict.tools._headers import read_checkpoint
 from flare_l2evict.tools.reference_host import (

@@ -45,8 +45,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, ReclaimReport, plugin
+from flare_l2evict._basis import measure_basis
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._install import active_installation, install
+from flare_l2evict._lifecycle import active_installation, install
+from flare_l2evict._settings import L2EvictSettings
 from flare_l2evict._weights import MAX_TENSORS
 from flare_l2evict.hookspecs import RUNTIME_ATTRIBUTES
 from flare_l2evict.tools._choose_weights import choose_weights
@@ -517,7 +519,8 @@ def test_startup_complete_during_the_offer_waits_for_add_reclaimed_to_return() -
 
 def test_an_installation_made_before_the_hook_is_never_credited() -> None:
     tiny = choose_weights({"tiny": torch.zeros(MiB // 4)}, "cpu", MiB)
-    earlier = install(tiny)
+    settings = L2EvictSettings.model_construct(window=MiB)
+    earlier = install(tiny, measure_basis(tiny.device, MiB, settings, 0))
     runtime = hostile()
     report = hook(runtime)
     assert report.reclaimed_bytes == 0 and "already active" in (report.reason or "")

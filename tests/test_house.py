@@ -22,3 +22,83 @@ def test_no_runtime_function_is_over_fifty_lines() -> None:
                 if lines > LIMIT:
                     long.append(f"{path.name}:{node.lineno} {node.name} ({lines} lines)")
     assert long == [], f"runtime functions over {LIMIT} lines: {long}"
+
+
+def _runtime_modules() -> list[Path]:
+    """Every runtime module: flare_l2evict/*.py and its subpackages, never tools/."""
+    return sorted(
+        path for path in RUNTIME.rglob("*.py") if "tools" not in path.relative_to(RUNTIME).parts
+    )
+
+
+def _imports(path: Path) -> set[str]:
+    """The package's modules ``path`` imports anywhere (at load, in a function, for types)."""
+    package = ".".join(("flare_l2evict", *path.relative_to(RUNTIME).parent.parts))
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            target = f"{base}.{node.module}" if node.module else base
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("flare_l2evict"):
+            found.add(str(node.module))
+    return found
+
+
+def test_the_runtime_has_no_import_cycle() -> None:
+    # Issue 27: _install <-> _lifecycle was one; each module's imports run one way.
+    names = {
+        ".".join(("flare_l2evict", *path.relative_to(RUNTIME).with_suffix("").parts)).removesuffix(
+            ".__init__"
+        ): path
+        for path in _runtime_modules()
+    }
+    modules = set(names) - {"flare_l2evict"}  # the package's lazy exports load on first use
+    graph = {name: _imports(path) & modules for name, path in names.items() if name in modules}
+    cycles: list[str] = []
+
+    def visit(name: str, trail: list[str]) -> None:
+        for target in sorted(graph[name]):
+            if target in trail:
+                cycles.append(" -> ".join([*trail[trail.index(target) :], target]))
+            elif len(trail) < len(graph):
+                visit(target, [*trail, target])
+
+    for start in sorted(graph):
+        visit(start, [start])
+    assert cycles == [], cycles[:5]
+
+
+def test_no_runtime_function_in_a_subpackage_is_over_fifty_lines() -> None:
+    long: list[str] = []
+    for path in _runtime_modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > LIMIT:
+                    long.append(f"{path.relative_to(RUNTIME)}:{node.lineno} {node.name}")
+    assert long == [], f"runtime functions over {LIMIT} lines: {long}"
+
+
+def test_only_the_b12x_wing_names_b12x() -> None:
+    # Issue 27: one package holds everything that names b12x: its table, proof, provider, patch.
+    wing = RUNTIME / "_b12x"
+    spelled: list[str] = []
+    for path in _runtime_modules():
+        if wing in path.parents:
+            continue
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(name == "b12x" or name.startswith(("b12x.", "flashinfer")) for name in names):
+                spelled.append(f"{path.name} imports {names}")
+        for name in ("_l2_flush_fn", "use_startup_eviction"):
+            if name in text:
+                spelled.append(f"{path.name} names {name}")
+    assert spelled == [], spelled

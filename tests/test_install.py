@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 from figures import MiB
 
+from flare_l2evict._b12x.proof import SeamProof, StockBuffer, prove_seam
 from flare_l2evict._basis import CreditBasis
 from flare_l2evict._errors import InstallError
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._install import active_installation, install
-from flare_l2evict._seam import SeamProof, StockBuffer, prove_seam
+from flare_l2evict._lifecycle import active_installation, install
 from flare_l2evict._weights import WeightChoice
 from flare_l2evict.tools._choose_weights import choose_weights
 
@@ -22,9 +24,9 @@ STOCK = measurement._l2_flush_fn
 STOCK_BUFFER = StockBuffer(64 * MiB, measured=False)
 
 
-def basis(proof: SeamProof | None) -> CreditBasis:
+def basis(proof: SeamProof | None, fork: Callable[..., Any] | None = None) -> CreditBasis:
     """This device's figures for an installation made outside a start-up (no race jobs)."""
-    return CreditBasis(32 * MiB, 1024, STOCK_BUFFER, 0, proof)
+    return CreditBasis(32 * MiB, 1024, STOCK_BUFFER, 0, proof, fork)
 
 
 def choice(device: str = "cpu") -> WeightChoice:
@@ -106,10 +108,33 @@ def test_fork_api_is_preferred_when_present(monkeypatch: pytest.MonkeyPatch) -> 
     fork_stand_in = types.ModuleType("b12x.comm.pcie")
     fork_stand_in.use_startup_eviction = handed.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
-    installation = install(choice(), basis(None))
+    installation = install(choice(), basis(None, fork=fork_stand_in.use_startup_eviction))
     assert installation.mechanism == "fork"
     assert isinstance(handed[0], torch.Tensor) and handed[0].nbytes == 1024
     assert measurement._l2_flush_fn is STOCK  # the stock seam is not touched
     assert not installation.audit().counted
     installation.restore()
     assert handed[-1] is None
+
+
+def test_a_fork_api_of_another_shape_is_refused_before_anything_is_handed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 27: the fork row's signature is checked too, as the stock row's is.
+    from flare_l2evict._basis import measure_basis
+    from flare_l2evict._errors import InstallError
+    from flare_l2evict._settings import L2EvictSettings
+
+    handed: list[object] = []
+
+    def fork_of_another_shape_stand_in(storage: object, stream: object) -> None:
+        handed.append(storage)
+
+    fork_stand_in = types.ModuleType("b12x.comm.pcie")
+    fork_stand_in.use_startup_eviction = fork_of_another_shape_stand_in  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
+    with pytest.raises(
+        InstallError, match=r"use_startup_eviction has signature .* not \(storage\)"
+    ):
+        measure_basis(torch.device("cpu"), 32 * MiB, L2EvictSettings(), 1)
+    assert handed == [] and measurement._l2_flush_fn is STOCK

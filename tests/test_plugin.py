@@ -16,7 +16,7 @@ from figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
 import flare_l2evict
 from flare_l2evict import L2EvictError, PluginNotFoundError
 from flare_l2evict._eviction import WeightEviction
-from flare_l2evict._install import active_installation
+from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools.reference_host import (
     PROFILES,
     DeviceProfile,

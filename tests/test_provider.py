@@ -3,7 +3,7 @@
 Each environment is a stand-in: a directory of metadata-only ``*.dist-info``
 records (and, where named, a ``b12x`` package folder), the only thing on the
 path of a fresh interpreter started without site-packages (``python -S``).
-``flare_l2evict._provider`` imports nothing but the standard library, so it
+``flare_l2evict._b12x.provider`` imports nothing but the standard library, so it
 runs there as it does in a server.
 """
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from flare_l2evict._b12x.proof import prove_seam
+from flare_l2evict._b12x.provider import provider_problem
 from flare_l2evict._errors import InstallError
-from flare_l2evict._provider import provider_problem
-from flare_l2evict._seam import prove_seam
 
-PROVIDER = Path(__file__).resolve().parents[1] / "flare_l2evict" / "_provider.py"
+PROVIDER = Path(__file__).resolve().parents[1] / "flare_l2evict" / "_b12x" / "provider.py"
 NEEDED = "the plugin needs flashinfer-python>=0.7.2 or b12x>=1.5"
 
 _RUN = """
@@ -135,3 +135,36 @@ def test_start_up_falls_back_with_one_line_naming_it() -> None:
         run.stderr[-2000:]
     )
     assert "Traceback" not in run.stderr
+
+
+def test_torch_is_named_by_the_running_module_not_stale_metadata(tmp_path: Path) -> None:
+    # Issue 28: a leftover torch-2.3.1.dist-info on sys.path made the hook fall back.
+    stale = tmp_path / "torch-2.3.1.dist-info"
+    stale.mkdir()
+    (stale / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.3.1\n")
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import torch; "
+        "from flare_l2evict._b12x.provider import provider_problem; print(provider_problem())"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert shown.strip() == "None", shown
+
+
+def test_a_host_mode_that_refuses_every_call_is_named_as_the_hosts() -> None:
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class RefusingModeStandIn(TorchFunctionMode):
+        """The host's own mode: it refuses every torch call."""
+
+        def __torch_function__(self, *args: object, **kwargs: object) -> object:
+            raise RuntimeError("the host's mode refuses this call")
+
+    with RefusingModeStandIn(), pytest.raises(InstallError) as raised:
+        prove_seam()
+    text = str(raised.value)
+    assert "host's own TorchFunctionMode" in text and "RefusingModeStandIn" in text
+    assert "pip install" not in text and "\n" not in text
+    assert torch.device("cpu").type == "cpu"  # the mode is the host's: left as it was

@@ -19,7 +19,8 @@ Fenced blocks are read by their info string:
 - ``bash host``: flare's own commands, not run here;
 - ``text output``: the whole stdout of the last command of the ``bash`` block before it;
 - ``text log``: lines the README's setup command prints in its log (stderr);
-- ``text stderr``: the whole stderr of the ``python`` snippet before it.
+- ``text stderr``: the whole stderr of the ``python`` snippet before it;
+- ``text stdout``: the whole stdout of the ``python`` snippet before it, whose stderr is empty.
 
 Commands run in an empty directory where the README's own
 ``flare-l2evict example --out example`` (its set-up section) ran first: every
@@ -297,6 +298,19 @@ def test_the_readme_snippet_logs_what_it_shows_once_and_never_advises_zero_jobs(
     assert "must route that logger at INFO" in README.read_text(encoding="utf-8")
 
 
+def test_the_without_flare_snippet_shows_its_whole_output(tmp_path: Path) -> None:
+    # Issue 27: every line a program sees names its own arguments and its with block.
+    snippet = next(b for b in blocks("python") if "evicting_from" in b.text)
+    (shown,) = blocks("text", "stdout")
+    assert shown.line > snippet.line
+    done = subprocess.run(
+        [sys.executable, "-c", snippet.text], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == shown.text and done.stderr == ""
+    assert "runtime" not in done.stdout and "startup_complete" not in done.stdout
+
+
 _ERROR = re.compile(r"^error: flare-l2evict (startup|plan|check|example): .+; fix: .+\n$")
 
 
@@ -403,7 +417,7 @@ def test_host_commands_name_the_plugin_and_the_wheel_setup_builds() -> None:
 def test_every_block_is_of_a_known_kind() -> None:
     known = {("python", ""), ("toml", ""), ("bash", ""), ("bash", "gpu"), ("bash", "host")}
     known |= {("bash", "setup"), ("bash", "alternative")}
-    known |= {("text", "output"), ("text", "log"), ("text", "stderr")}
+    known |= {("text", "output"), ("text", "log"), ("text", "stderr"), ("text", "stdout")}
     for path in pages():
         text = path.read_text(encoding="utf-8")
         seen = {(m.group(1), m.group(2) or "") for m in _FENCE.finditer(text)}

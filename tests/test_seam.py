@@ -19,10 +19,11 @@ from fake_b12x import (
 )
 from figures import MiB
 
-from flare_l2evict import ReclaimReport, StartupAudit, _seam_table, plugin
+from flare_l2evict import ReclaimReport, StartupAudit, plugin
+from flare_l2evict._b12x import table as _seam_table
 from flare_l2evict._credit import CREDIT_OVERHEAD_BYTES
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._install import active_installation
+from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools.reference_host import ReferenceRuntime, plugin_manager
 
 L2 = 8 * MiB  # the fakes' L2; stock's window is then max(16 MiB, 64 MiB) = 64 MiB
@@ -187,7 +188,6 @@ def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
             ("preparation.session", "PreparationJob._measure"),
         ),
         optional=(),
-        buffer_formula="max(2 x L2, 64 MiB)",
         buffer_bytes=_seam_table.STOCK_1_5.buffer_bytes,
     )
     monkeypatch.setattr(_seam_table, "ROWS", (*_seam_table.ROWS, moved))  # the one change
@@ -199,3 +199,38 @@ def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
     assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES > 0
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
     assert not hasattr(cold._cold_l2, "__flare_l2evict__")  # restored at the end
+
+
+def test_a_release_whose_seam_changed_its_signature_is_supported_by_adding_one_row(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_runtime: Callable[..., ReferenceRuntime],
+    weights: dict[str, torch.Tensor],
+) -> None:
+    """The calling convention is data too: a seam taking ``(*, enabled, device)`` is one row."""
+    fake = write_moved_fake(tmp_path, l2=L2, module="_cold", function="_cold_l2", keywords=True)
+    use_fake(monkeypatch, fake, seam="preparation._cold")
+    report, _, evictions, _ = start(make_runtime, weights, seam="preparation._cold")
+    assert report.reclaimed_bytes == 0 and not any(isinstance(e, EvictionHandle) for e in evictions)
+    changed = _seam_table.SeamRow(
+        name="a b12x whose seam moved and takes keywords only (fake)",
+        kind="stock",
+        module="preparation._cold",
+        function="_cold_l2",
+        signature=(("enabled", "KEYWORD_ONLY"), ("device", "KEYWORD_ONLY")),
+        callers=(
+            ("preparation._cold", "prepare_race_steps"),
+            ("preparation.session", "PreparationJob._measure"),
+        ),
+        optional=(),
+        buffer_bytes=_seam_table.STOCK_1_5.buffer_bytes,
+    )
+    monkeypatch.setattr(_seam_table, "ROWS", (*_seam_table.ROWS, changed))  # the one change
+    cold: Any = importlib.import_module("b12x.preparation._cold")
+    evictions.clear()
+    cold.ALLOCATED.clear()
+    report, saved, evictions, audit = start(make_runtime, weights, seam="preparation._cold")
+    assert all(isinstance(e, EvictionHandle) for e in evictions)
+    assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES > 0
+    assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
+    assert cold._cold_l2(enabled=False, device=torch.device("cpu")) is None  # stock's again

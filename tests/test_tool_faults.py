@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from flare_l2evict._seam_table import stock_row
+from flare_l2evict._b12x.table import stock_row
 from flare_l2evict.tools import _persisting_l2, _releases
 from flare_l2evict.tools._cli import main
 

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from flare_l2evict._seam_table import stock_seam
+from flare_l2evict._b12x.table import stock_seam
 
 from ._child import child_env
 

@@ -21,9 +21,11 @@ from typing import Any
 
 import torch
 
+from flare_l2evict._b12x.table import stock_row
+from flare_l2evict._basis import measure_basis
 from flare_l2evict._eviction import Kernel, WeightEviction
-from flare_l2evict._install import install, restore
-from flare_l2evict._seam_table import stock_row
+from flare_l2evict._lifecycle import install, restore
+from flare_l2evict._settings import L2EvictSettings
 from flare_l2evict._weights import WeightChoice
 from flare_l2evict._window import stock_window_bytes
 from flare_l2evict.tools._choose_weights import choose_weights
@@ -204,7 +206,9 @@ def _races(
                 latencies: dict[str, tuple[float, ...]] = {}
                 for way in order:
                     if way == "plugin":
-                        install(_choice_at(weights, window), kernel="triton")
+                        chosen = _choice_at(weights, window)
+                        settings = L2EvictSettings.model_construct(window=chosen.window_bytes)
+                        install(chosen, measure_basis(device, None, settings, 0), kernel="triton")
                     try:
                         eviction = no_eviction if way == "none" else None  # None: b12x's lookup
                         latencies[way] = run_race(calls, device, eviction).latencies_us
@@ -385,7 +389,9 @@ def run_bench(
     if "memory" in sections:
         started = time.perf_counter()
         result["memory"] = {"stock": _allocated(seam_call, device)}
-        install(_choice_at(weights, window), kernel="triton")
+        chosen = _choice_at(weights, window)
+        settings = L2EvictSettings.model_construct(window=chosen.window_bytes)
+        install(chosen, measure_basis(device, None, settings, 0), kernel="triton")
         try:
             result["memory"]["plugin"] = _allocated(seam_call, device)
         finally:

@@ -19,14 +19,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._b12x.proof import StockBuffer, fork_function
+from .._b12x.provider import MIN_TORCH, NEEDED, versions
+from .._b12x.table import FORK
 from .._credit import Credit, credit
 from .._errors import InstallError
-from .._provider import MIN_TORCH, NEEDED, b12x_origin, versions
-from .._seam import StockBuffer, fork_function
-from .._seam_table import FORK
 from .._settings import DISABLED, L2EvictSettings, load_deployment_config, settings_from_config
 from .._text import shown
 from .._window import device_l2_bytes, stock_buffer_bytes
+from ._origin import b12x_origin
 from ._releases import judged
 
 if TYPE_CHECKING:

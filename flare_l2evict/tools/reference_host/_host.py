@@ -17,11 +17,11 @@ from typing import Any
 import pluggy
 import torch
 
+from ..._b12x.table import stock_seam
 from ..._credit import EVICTION_OUTPUT_BYTES
 from ..._errors import L2EvictError, PluginNotFoundError
 from ..._markers import ENTRY_POINT_GROUP, PROJECT_NAME
 from ..._report import ReclaimReport, StartupAudit
-from ..._seam_table import stock_seam
 from ..._window import stock_buffer_bytes
 from ...hookspecs import FlareStartupSpec
 from .._inputs import refuse_unknown_plugins

@@ -1,11 +1,4 @@
-"""Which b12x provider and torch this environment has, and whether the plugin can use them.
-
-b12x ships standalone (distribution ``b12x``) and inside flashinfer-python
-(>= 0.7.2), whose wheel installs a top-level ``b12x`` package of its own. The
-provider is the host's: the plugin never installs one into a server. This
-module names what is there, torch-free and without importing b12x, so that
-start-up can fall back with one line saying what was found and what is needed.
-"""
+"""Where the b12x that ``import b12x`` loads comes from (``check``'s; the runtime never asks)."""
 
 from __future__ import annotations
 
@@ -13,77 +6,9 @@ import base64
 import hashlib
 import importlib.metadata
 import importlib.util
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-MIN_TORCH = (2, 4)
-"""The oldest torch whose APIs the plugin uses (see pyproject.toml's torch floor)."""
-MIN_FLASHINFER = "0.7.2"
-"""The first flashinfer-python that ships b12x with the race seam."""
-MIN_B12X = "1.5"
-"""The first standalone b12x with ``b12x.preparation`` (its start-up races)."""
-NEEDED = f"flashinfer-python>={MIN_FLASHINFER} or b12x>={MIN_B12X}"
-
-
-def versions() -> tuple[str | None, str | None]:
-    """The installed ``b12x`` and ``flashinfer-python`` distributions' versions."""
-    return _version("b12x"), _version("flashinfer-python")
-
-
-def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _release(version: str) -> tuple[int, ...]:
-    """The leading release numbers of a version (``2.13.0+cpu`` -> (2, 13, 0))."""
-    match = re.match(r"\d+(?:\.\d+)*", version)
-    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
-
-
-def provider_problem() -> str | None:
-    """One line naming what this environment has and what the plugin needs, or None.
-
-    None means torch is new enough and an importable b12x exists: the seam
-    proof then decides. A line means start-up must keep stock b12x; the line
-    names the torch or provider found (versions from the installed
-    distributions, as pip sees them) and the requirement it misses; the
-    caller says that stock b12x is kept. Never
-    raises, imports no b12x module (only looks b12x up) and changes nothing.
-    """
-    torch_version = _version("torch")
-    if torch_version is not None and _release(torch_version) < MIN_TORCH:
-        needed = ".".join(map(str, MIN_TORCH))
-        return (
-            f"torch {torch_version} found; the plugin needs torch>={needed} "
-            "(upgrade torch with the server, or leave the plugin off)"
-        )
-    try:
-        spec = importlib.util.find_spec("b12x")
-    except (ImportError, ValueError):  # ValueError: a b12x module without __spec__
-        spec = None
-    if spec is not None and spec.origin not in (None, "namespace"):
-        return None
-    b12x, flashinfer = versions()
-    if spec is not None:
-        where = ", ".join(spec.submodule_search_locations or ()) or "sys.path"
-        return (
-            f"b12x at {where} is an empty namespace package (what uninstalling "
-            "flashinfer-python leaves over a standalone b12x); the plugin needs "
-            f"{NEEDED} (reinstall the server's b12x provider)"
-        )
-    found = []
-    if flashinfer is not None:
-        ships = _release(flashinfer) >= _release(MIN_FLASHINFER)
-        found.append(f"flashinfer-python {flashinfer}" + ("" if ships else " (ships no b12x)"))
-    if b12x is not None:
-        found.append(f"b12x {b12x}")
-    what = " and ".join(found) + ", but no importable b12x" if found else "no b12x provider"
-    return f"{what} found; the plugin needs {NEEDED}"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Prove, before anything changes, that b12x's races take their eviction where the plugin can.
 
 Stock b12x makes each race's eviction buffer in one function, named by a row
-of :mod:`._seam_table` (stock 1.5: ``_l2_flush_fn(device, *, enabled)`` of
+of :mod:`.table` (stock 1.5: ``_l2_flush_fn(device, *, enabled)`` of
 ``b12x.preparation._measurement``). Redirecting that module global only helps
 if every race asks it at call time. This module checks that, for the row the
 loaded b12x matches, and measures what the function really allocates, so the
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from ._errors import InstallError
-from ._provider import provider_problem, versions
-from ._seam_table import ROOTS, SeamRow, fork_rows, stock_row, stock_rows
+from .._errors import InstallError
+from .provider import provider_problem, versions
+from .table import ROOTS, SeamRow, fork_rows, stock_rows
 
 MARK = "__flare_l2evict__"
 """Attribute set on the plugin's replacement of the seam (its ``__wrapped__`` is the original)."""
@@ -46,7 +46,7 @@ class Binding:
 
 @dataclass(frozen=True)
 class SeamProof:
-    """What :func:`prove_seam` found; :func:`~flare_l2evict._install.install` acts on it alone.
+    """What :func:`prove_seam` found; :func:`~.patch.inject` acts on it alone.
 
     Invariant: every race code path of the loaded b12x that makes an eviction
     reaches one of ``seams``' ``_l2_flush_fn`` at call time, either through
@@ -89,13 +89,28 @@ def unwrap(function: Any) -> Any:
 def fork_function() -> Callable[..., Any] | None:
     """The fork's API where the loaded b12x has it: the one place fork-or-stock is chosen.
 
-    Where a fork row of :mod:`._seam_table` resolves, its function is used and
+    Where a fork row of :mod:`.table` resolves, its function is used and
     no stock seam is proven; otherwise :func:`prove_seam` proves a stock row.
     """
     for row in fork_rows():
         function = row.loaded()
         if function is not None:
             return function
+    return None
+
+
+def fork_api() -> Callable[..., Any] | None:
+    """The fork's API as :func:`fork_function` finds it, its signature checked against its row.
+
+    Raises :class:`InstallError` when the fork's function has another shape
+    than its row says: the plugin never hands storage to a call it does not know.
+    """
+    for row in fork_rows():
+        function = row.loaded()
+        if function is not None:
+            module = importlib.import_module(row.module_path)
+            checked: Callable[..., Any] = _check_signature(row, module, function)
+            return checked
     return None
 
 
@@ -217,9 +232,7 @@ def _import_row() -> SeamRow:
         except ImportError:
             continue
         except Exception as error:  # a broken install fails in its own ways
-            raise InstallError(
-                f"importing {row.module_path} failed ({type(error).__name__}: {error}); {FIX}"
-            ) from None
+            raise _blamed(f"importing {row.module_path}", error) from None
         return row
     try:
         importlib.import_module(rows[0].module_path)
@@ -235,14 +248,32 @@ def _import_row() -> SeamRow:
     return rows[0]  # imported on the second try: a module that fails once, then loads
 
 
+def host_mode() -> str | None:
+    """The host's innermost active ``TorchFunctionMode``, by name (``None``: none is active)."""
+    try:
+        stack = torch.overrides._get_current_function_mode_stack()  # type: ignore[no-untyped-call]
+    except Exception:
+        return None
+    return type(stack[-1]).__qualname__ if stack else None
+
+
+def _blamed(what: str, error: Exception) -> InstallError:
+    """``what`` raised ``error``: the host's own torch mode when one is active, else b12x."""
+    mode = host_mode()
+    if mode is not None:
+        return InstallError(
+            f"{what} raised {type(error).__name__}: {error} under the host's own "
+            f"TorchFunctionMode {mode}; stock b12x kept. fix: let the host's mode pass "
+            "torch's calls, or enter it after before_first_capture"
+        )
+    return InstallError(f"{what} raised {type(error).__name__}: {error}; stock b12x kept. {FIX}")
+
+
 def _probe_disabled(row: SeamRow, original: SeamFunction) -> None:
     try:
-        probe = original(torch.device("cpu"), enabled=False)
+        probe = row.call(original, torch.device("cpu"), False)
     except Exception as error:
-        raise InstallError(
-            f"{row.dotted}(enabled=False) raised {type(error).__name__}: {error}; stock b12x "
-            f"kept. {FIX}"
-        ) from None
+        raise _blamed(f"{row.dotted}(enabled=False)", error) from None
     if probe is not None:
         raise InstallError(
             f"{row.dotted}(enabled=False) returned {type(probe).__name__}, not None: this b12x "
@@ -253,7 +284,7 @@ def _probe_disabled(row: SeamRow, original: SeamFunction) -> None:
 def prove_seam() -> SeamProof:
     """Check the loaded b12x against its stock row and return what an installation must replace.
 
-    Imports the first stock row's module that exists (:mod:`._seam_table`)
+    Imports the first stock row's module that exists (:mod:`.table`)
     and its callers' modules, then checks, changing nothing: the seam's
     signature in every loaded copy of b12x; that each of the row's callers
     names the seam in its code, i.e. looks it up when it runs; that no class
@@ -287,7 +318,7 @@ def prove_seam() -> SeamProof:
 
 
 def measure_stock_buffer(
-    original: SeamFunction, device: torch.device, l2_cache_bytes: int
+    proof: SeamProof, device: torch.device, l2_cache_bytes: int
 ) -> StockBuffer:
     """What one call of stock's seam allocates on ``device``; freed again before returning.
 
@@ -301,15 +332,15 @@ def measure_stock_buffer(
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         before = torch.cuda.memory_allocated(device)
-        made = original(device, enabled=True)
+        made = proof.row.call(proof.original, device, True)
         grown = torch.cuda.memory_allocated(device) - before
         del made
         torch.cuda.empty_cache()
         return StockBuffer(max(0, grown), measured=True)
     try:
-        made = original(device, enabled=True)
+        made = proof.row.call(proof.original, device, True)
     except Exception:
-        return StockBuffer(stock_row().buffer_bytes(l2_cache_bytes), measured=False)
+        return StockBuffer(proof.row.buffer_bytes(l2_cache_bytes), measured=False)
     held = held_bytes(made)
     del made
     return StockBuffer(held, measured=True)

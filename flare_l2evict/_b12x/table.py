@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._window import stock_buffer_bytes
+from .._window import stock_buffer_bytes
 
 ROOTS = ("b12x", "flashinfer.experimental.b12x")
 """Where a loaded b12x lives: standalone, or inside flashinfer-python (which aliases the first)."""
@@ -33,7 +33,9 @@ class SeamRow:
     the race code that must look the function up at call time; a caller
     whose module is in ``optional`` may be absent from a build.
     ``buffer_bytes(l2)`` is what one race job's eviction allocates where it
-    cannot be measured.
+    cannot be measured. ``device`` and ``enabled`` name the parameters the
+    plugin reads and passes (:meth:`call`): a seam whose signature changed is
+    one row too.
     """
 
     name: str
@@ -43,8 +45,20 @@ class SeamRow:
     signature: tuple[tuple[str, str], ...]
     callers: tuple[tuple[str, str], ...]
     optional: tuple[str, ...]
-    buffer_formula: str
     buffer_bytes: Callable[[int], int]
+    device: str = "device"
+    """The calling convention: the parameter that names the device ..."""
+    enabled: str = "enabled"
+    """... and the one that asks for an eviction (false: none is made)."""
+
+    def call(self, function: Callable[..., Any], device: object, enabled: bool) -> Any:
+        """``function`` called as this row's signature takes a device and the enabled flag."""
+        given = {self.device: device, self.enabled: enabled}
+        args = [given[n] for n, kind in self.signature if kind == "POSITIONAL_ONLY" and n in given]
+        kwargs = {
+            n: given[n] for n, kind in self.signature if kind != "POSITIONAL_ONLY" and n in given
+        }
+        return function(*args, **kwargs)
 
     @property
     def module_path(self) -> str:
@@ -85,7 +99,6 @@ FORK = SeamRow(
     signature=(("storage", "POSITIONAL_OR_KEYWORD"),),
     callers=(),
     optional=(),
-    buffer_formula="max(2 x L2, 64 MiB)",
     buffer_bytes=stock_buffer_bytes,
 )
 """The fork's API: it takes the resident storage whose reads replace the buffer."""
@@ -101,7 +114,6 @@ STOCK_1_5 = SeamRow(
         ("preparation.session", "PreparationJob._measure"),
     ),
     optional=("preparation.session",),  # a b12x without sessions makes no job evictions
-    buffer_formula="max(2 x L2, 64 MiB)",
     buffer_bytes=stock_buffer_bytes,
 )
 """Stock b12x: ``_l2_flush_fn(device, *, enabled)`` makes each race job's buffer."""

@@ -1,0 +1,254 @@
+"""The start-up's promise for programs that are not flare hosts: :func:`evicting_from`.
+
+A script that runs b12x's races itself (a benchmark, a vLLM fork's warm-up)
+names the tensors whose memory stays resident; inside the ``with`` block the
+races read those instead of allocating a buffer per race job. The block
+checks its arguments once, in its own words, and runs the start-up's core
+(:mod:`._core`) directly: the same decision, the same installation, the same
+one-line fallbacks. The report is returned instead of offered to a KV
+allocator, and every line names the block's arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from pydantic import ValidationError
+
+from . import _core, _startup
+from ._errors import L2EvictError
+from ._lifecycle import PROCESS, Startup
+from ._log import say
+from ._outcome import Clock, Local, reason_of
+from ._report import PROGRAM, ReclaimReport
+from ._runtime import MAX_L2_BYTES, MAX_RACE_JOBS, Placement, _device, whole_number
+from ._settings import ALLOWED, L2EvictSettings
+from ._text import described_value, literal
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+log = logging.getLogger("flare_l2evict")
+
+_NONE = object()
+_FIX = 'as the README\'s "Without flare" shows'
+
+
+def _first_value(tensors: object) -> object:
+    """The mapping's first value (``_NONE``: not a mapping, empty, or it raised)."""
+    if not isinstance(tensors, Mapping):
+        return _NONE
+    try:
+        return next(iter(tensors.values()), _NONE)
+    except Exception:
+        return _NONE
+
+
+def _plain(value: object) -> object:
+    """A ``str`` subclass of the program's as the plain text it holds (its methods may raise)."""
+    return str.__str__(value) if issubclass(type(value), str) else value
+
+
+def _settings(window: object, exclude: object, on_error: object) -> L2EvictSettings | str:
+    """The block's settings, or what is wrong with one, in the program's words."""
+    given = {"window": _plain(window), "exclude": exclude, "on_error": _plain(on_error)}
+    try:
+        return L2EvictSettings.model_validate(given)
+    except ValidationError as error:
+        key = str(error.errors()[0]["loc"][0]) if error.errors()[0]["loc"] else "window"
+    except Exception:  # an exclude of the program's whose iteration raises
+        key = "exclude"
+    return (
+        f"{key} = {literal(given.get(key))} is invalid: use {ALLOWED.get(key, 'what ' + _FIX)}; "
+        "nothing changed; fix: pass window=, exclude= (a list of globs) and on_error= " + _FIX
+    )
+
+
+def _device_of(tensors: object, device: object) -> torch.device | str:
+    """The block's device (given, else the first tensor's), or what is wrong, in its words."""
+    if device is not None:
+        found = _device(_plain(device)) if type(device) is not torch.device else device
+        if found is None:
+            return (
+                f"device = {described_value(device, 80)}; nothing changed; fix: pass device= "
+                "as a torch.device or text of a cuda (or cpu) device"
+            )
+        return found
+    first = _first_value(tensors)
+    try:
+        found = first.device  # type: ignore[attr-defined]
+        if type(found) is torch.device and found.type in ("cpu", "cuda"):
+            return found
+    except Exception:
+        pass
+    what = (
+        f"tensors is {described_value(tensors)}, not a non-empty mapping of names to tensors"
+        if first is _NONE
+        else f"the first value of tensors is {described_value(first, 80)}, not a tensor"
+    )
+    return (
+        f"{what}, and no device was given; nothing changed; fix: pass {{name: tensor}} "
+        "for the tensors that stay resident, or device="
+    )
+
+
+def _counts(race_jobs: object, l2: object, device: torch.device) -> tuple[int, int | None] | str:
+    """``race_jobs`` and ``l2_cache_bytes`` checked, or what is wrong, in the program's words."""
+    jobs = whole_number(race_jobs)
+    if jobs is None or not 0 < jobs <= MAX_RACE_JOBS:
+        return (
+            f"race_jobs = {described_value(race_jobs, 80)}; nothing changed; fix: pass "
+            "race_jobs=, how many b12x race jobs the program holds at once (a whole number "
+            f"in 1..{MAX_RACE_JOBS})"
+        )
+    size = None if l2 is None else whole_number(l2)
+    if (l2 is not None and (size is None or not 0 < size <= MAX_L2_BYTES)) or (
+        l2 is None and device.type != "cuda"
+    ):
+        return (
+            f"l2_cache_bytes = {described_value(l2, 80)} on {device}; nothing changed; fix: "
+            f"pass None on a CUDA device (read from it) or the L2 size in bytes "
+            f"(1..{MAX_L2_BYTES:,})"
+        )
+    return jobs, size
+
+
+def _refused(problem: str, raising: bool) -> ReclaimReport:
+    """0 bytes and one line for a block that changes nothing."""
+    reason = f"evicting_from: {problem}"
+    if raising:
+        raise L2EvictError(f"l2evict failed and on_error = 'raise': {reason}")
+    report = ReclaimReport(device="unknown", reclaimed_bytes=0, mechanism="none", reason=reason)
+    say(log, logging.WARNING, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
+    return report
+
+
+class _Block:
+    """One ``evicting_from`` block: its checked arguments, then its start-up (see its docs).
+
+    It holds the program's mapping only until the core has read it: from
+    then on only the storages the races read stay referenced, and a tensor
+    nothing but the block held is not credited.
+    """
+
+    def __init__(self, tensors: object, arguments: dict[str, Any]) -> None:
+        self._tensors: object = tensors
+        self._arguments = arguments
+        self._startup: Startup | None = None
+
+    def _take(self) -> Mapping[str, torch.Tensor]:
+        tensors, self._tensors = self._tensors, None
+        return tensors  # type: ignore[return-value]
+
+    def __enter__(self) -> ReclaimReport:
+        given = self._arguments
+        raising = type(given["on_error"]) is str and given["on_error"] == "raise"
+        try:
+            checked = self._checked()
+        except Exception as error:  # arguments of the program's whose methods raise
+            checked = f"an argument could not be read ({reason_of(error)}); nothing changed"
+        if isinstance(checked, str):
+            self._tensors = None
+            return _refused(checked, raising)
+        request, settings = checked
+        startup, new = PROCESS.begin(self)
+        if not new:
+            self._tensors = None
+            return _refused(
+                "a start-up is active in this process (a flare host's, or another evicting_from "
+                "block); this block credits 0 and changes nothing; fix: run the block outside "
+                "any other start-up",
+                raising,
+            )
+        self._startup = startup
+        where = Placement(str(request.device), 0, 1, None)
+        local = Local(settings=settings, raising=settings.on_error == "raise")
+
+        def body(clock: Clock) -> ReclaimReport:
+            return _core.start(startup, where, local, request, clock)
+
+        def internal(reason: str) -> ReclaimReport:
+            report = ReclaimReport(
+                device=where.device, reclaimed_bytes=0, mechanism="none", reason=reason
+            )
+            say(log, logging.WARNING, "flare_l2evict: stock b12x eviction kept; %s", reason)
+            return report
+
+        try:
+            return _core.guarded(startup, body, internal)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def _checked(self) -> tuple[_core.Request, L2EvictSettings] | str:
+        given = self._arguments
+        settings = _settings(given["window"], given["exclude"], given["on_error"])
+        if isinstance(settings, str):
+            return settings
+        device = _device_of(self._tensors, given["device"])
+        if isinstance(device, str):
+            return device
+        if not isinstance(self._tensors, Mapping):
+            return (
+                f"tensors is {described_value(self._tensors)}, not a mapping of names to "
+                "tensors; nothing changed; fix: pass {name: tensor} for the tensors that stay "
+                "resident"
+            )
+        counts = _counts(given["race_jobs"], given["l2_cache_bytes"], device)
+        if isinstance(counts, str):
+            return counts
+        return _core.Request(device, counts[1], counts[0], self._take, None, PROGRAM), settings
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: types.TracebackType | None,
+    ) -> None:
+        self._tensors = None
+        startup, self._startup = self._startup, None
+        if startup is not None:
+            _startup.finish(self)
+
+
+def evicting_from(
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    race_jobs: int,
+    device: torch.device | str | None = None,
+    l2_cache_bytes: int | None = None,
+    window: int | str = "stock",
+    exclude: Sequence[str] = (),
+    on_error: Literal["fallback", "raise"] = "fallback",
+) -> AbstractContextManager[ReclaimReport]:
+    """Inside the block, b12x's races evict L2 by reading ``tensors``; yields the report.
+
+    ``tensors`` maps names to tensors that stay resident (and unwritten
+    while races run) for the whole block; the block references only what the
+    races read, and a tensor nothing but the block holds is not credited.
+    ``race_jobs`` is how many b12x race jobs the program holds at once (one
+    stock buffer each); ``device`` defaults to the first tensor's;
+    ``l2_cache_bytes`` ``None`` reads the CUDA device's. ``window``,
+    ``exclude`` and ``on_error`` are the plugin's settings of the same names.
+
+    Invariants: the report's ``reclaimed_bytes`` is what the block's races
+    will not allocate (0, with the reason, when it falls back: then stock
+    b12x runs unchanged); on exit, exceptions included, stock b12x is back
+    and nothing references the tensors. Under ``on_error = "fallback"`` it
+    never raises on entry, and every line it logs names its own arguments.
+    While another start-up (a flare host's, or another block) is active in
+    the process, it reports 0 and changes nothing.
+    """
+    arguments = {
+        "race_jobs": race_jobs,
+        "device": device,
+        "l2_cache_bytes": l2_cache_bytes,
+        "window": window,
+        "exclude": exclude,
+        "on_error": on_error,
+    }
+    return _Block(tensors, arguments)
