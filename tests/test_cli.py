@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from figures import OUTPUTS, OWN, MiB
+from support.figures import OUTPUTS, OWN, MiB
 
 from flare_l2evict.tools._cli import main
 

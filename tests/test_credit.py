@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from figures import MiB
+from support.figures import MiB
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from flare_l2evict import plugin

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from figures import OWN, MiB
+from support.figures import OWN, MiB
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, plugin

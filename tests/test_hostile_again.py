@@ -56,7 +56,7 @@ from typing import Any
 
 import pytest
 import torch
-from figures import MiB
+from support.figures import MiB
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import flare_l2evict

@@ -46,7 +46,7 @@ from typing import Any
 
 import pytest
 import torch
-from figures import OWN, MiB
+from support.figures import OWN, MiB
 
 from flare_l2evict import (
     L2EvictError,

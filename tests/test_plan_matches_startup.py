@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from figures import KV_BYTES_PER_TOKEN as KV, MiB
+from support.figures import KV_BYTES_PER_TOKEN as KV, MiB
 from hypothesis import HealthCheck, given, settings, strategies as st
 from safetensors.torch import save_file
 

@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 import torch
 import torch.utils.dlpack
-from freed_memory import FREED, freed
+from support.freed_memory import FREED, freed
 from hypothesis import given, settings, strategies as st
 
 from flare_l2evict._decision import Storages, _Union, choose_regions

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from figures import KV_BYTES_PER_TOKEN
+from support.figures import KV_BYTES_PER_TOKEN
 
 from flare_l2evict import hookimpl
 from flare_l2evict._lifecycle import active_installation

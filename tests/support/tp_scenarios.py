@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from figures import MiB
+from support.figures import MiB
 
 import flare_l2evict
 
