@@ -40,8 +40,8 @@ from typing import Any
 
 import pytest
 import torch
-from support.figures import OWN, MiB
 from hypothesis import HealthCheck, given, settings, strategies as st
+from support.figures import OWN, MiB
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, ReclaimReport, plugin

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 from support.figures import OWN, MiB
-from torch.multiprocessing.spawn import start_processes
 from support.tp_scenarios import worker
+from torch.multiprocessing.spawn import start_processes
 
 STOCK = 64 * MiB  # max(2 x 16 MiB, 64 MiB)
 SCENARIOS = [
