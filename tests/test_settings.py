@@ -274,7 +274,7 @@ def test_a_window_of_spaces_answers_at_once() -> None:
         "for value in ['1' + ' ' * 150_000 + 'x', '1' + ' ' * 20_000 + 'k' * 5, '9' * 20_000,"
         " ' ' * 20_000 + '1', '1' * 20_000 + 'x']:\n"
         "    try:\n"
-        "        settings({'plugins': {'l2evict': {'window': value}}})\n"
+        "        settings_from_config({'plugins': {'l2evict': {'window': value}}})\n"
         "    except ConfigError as error:\n"
         "        assert len(str(error)) < 1024 and '\\n' not in str(error)\n"
         "        print('refused')\n",
