@@ -177,10 +177,14 @@ def _offer(
 
 
 def _fell_back(startup: Startup, report: ReclaimReport, local: Local) -> ReclaimReport:
-    """Stock b12x kept: one WARNING line; under ``on_error = "raise"`` the same line raised."""
+    """Stock b12x kept: one WARNING line; under ``on_error = "raise"`` the same line raised.
+
+    ``enabled = false`` is the operator's choice, not a fault: its line is INFO.
+    """
     startup.report = report
-    say(log, logging.WARNING, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
     disabled = local.settings is not None and not local.settings.enabled
+    level = logging.INFO if disabled else logging.WARNING
+    say(log, level, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
     if local.raising and not disabled:
         raise L2EvictError(
             f"l2evict failed and on_error = 'raise': {report.reason}"

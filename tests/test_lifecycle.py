@@ -546,6 +546,21 @@ def test_on_error_raise_does_not_raise_when_disabled() -> None:
     assert report.reclaimed_bytes == 0 and "enabled = false" in (report.reason or "")
 
 
+def test_a_start_up_disabled_by_config_logs_one_info_line_and_no_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 29: enabled = false is the operator's choice; a WARNING at every start-up
+    # would page someone for a deliberate setting.
+    host = runtime(config={"plugins": {"l2evict": {"enabled": False}}})
+    with caplog.at_level(logging.DEBUG, logger="flare_l2evict"):
+        report = hook(host)
+        complete(host)
+    assert report.reclaimed_bytes == 0 and "enabled = false" in (report.reason or "")
+    ours = [r for r in caplog.records if r.name == "flare_l2evict"]
+    assert [r.levelno for r in ours if "enabled = false" in r.getMessage()] == [logging.INFO]
+    assert not [r for r in ours if r.levelno >= logging.WARNING], [r.getMessage() for r in ours]
+
+
 def test_a_start_up_that_fell_back_keeps_no_host_object_alive() -> None:
     import gc
 
