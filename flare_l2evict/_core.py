@@ -97,7 +97,9 @@ def start(
     current = PROCESS.current(startup)
     kept = made is not None and made.kept(agreed.reclaimed_bytes, current)
     if made is not None and not kept and local.credit.nbytes and agreed.reclaimed_bytes:
-        agreed = Agreement(0, agreed.fallback_ranks, f"{made.words.ends} ran during the hook")
+        agreed = Agreement(
+            0, agreed.fallback_ranks, f"{made.words.ends} or restore() ran during the hook"
+        )
     report = report_of(where, local, agreed, made if kept else None, clock.total())
     if made is None or not kept or request is None:
         return _fell_back(startup, report, local)
@@ -167,7 +169,9 @@ def _offer(
             update={
                 "reclaimed_bytes": 0,
                 "mechanism": "none",
-                "reason": f"{installation.words.ends} ran during {installation.words.began}",
+                "reason": (
+                    f"{installation.words.ends} or restore() ran during {installation.words.began}"
+                ),
             }
         )
         return _fell_back(startup, report, local)

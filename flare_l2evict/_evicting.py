@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import types
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,7 +22,7 @@ from pydantic import ValidationError
 
 from . import _core, _startup
 from ._errors import L2EvictError
-from ._lifecycle import PROCESS, Startup
+from ._lifecycle import PROCESS, Startup, ensure_ended
 from ._log import say
 from ._outcome import Clock, Local, reason_of
 from ._report import PROGRAM, ReclaimReport
@@ -127,6 +128,12 @@ def _refused(problem: str, raising: bool) -> ReclaimReport:
     return report
 
 
+def _orphaned(startup: Startup) -> None:
+    """A block gone with its start-up still active (its exit was cut short): end that start-up."""
+    if PROCESS.current(startup) and startup.report is not None:
+        _startup.finish(startup.report)
+
+
 class _Block:
     """One ``evicting_from`` block: its checked arguments, then its start-up (see its docs).
 
@@ -165,6 +172,9 @@ class _Block:
                 raising,
             )
         self._startup = startup
+        # An exception at the very entry of __exit__ (a signal handler's) runs none of
+        # its lines; the with statement then drops the block, and this ends its start-up.
+        weakref.finalize(self, _orphaned, startup)
         where = Placement(str(request.device), 0, 1, None)
         local = Local(settings=settings, raising=settings.on_error == "raise")
 
@@ -209,10 +219,14 @@ class _Block:
         error: BaseException | None,
         trace: types.TracebackType | None,
     ) -> None:
-        self._tensors = None
-        startup, self._startup = self._startup, None
-        if startup is not None:
-            _startup.finish(self)
+        try:
+            self._tensors = None
+            if self._startup is not None:
+                _startup.finish(self)
+        finally:  # an exception above (a signal handler's) still ends the block's start-up
+            if self._startup is not None:
+                self._startup = None
+                ensure_ended(self, False)
 
 
 def evicting_from(

@@ -88,6 +88,8 @@ class Installation:
         self._process = process
         self._cut_short = False
         self._done = False
+        self.applying = True
+        """b12x is being changed (:meth:`Process.install`): a restore meanwhile is not final."""
         self.device = eviction.device
         self.source_name = eviction.source_name
         self.read_bytes = eviction.read_bytes
@@ -167,16 +169,19 @@ class Installation:
 
         ``add`` ``None``: a program keeps the report itself; the credit is recorded all the same.
 
-        ``current`` is asked under the process lock, so ``startup_complete``
-        either came before (nothing offered; the caller restores) or comes
-        after, and then waits for ``add_reclaimed`` to return. The credit is
+        ``current`` and :attr:`restored` are asked under the process lock, so
+        ``startup_complete`` or ``restore()`` either came before (nothing
+        offered; the caller restores) or comes after, and then waits for
+        ``add_reclaimed`` to return (``restore()`` after it is audited). The credit is
         recorded before the call: from then on it may have been applied, so
         the installation stays and the audit holds it to it. What the
         allocator raised is recorded, then raised again.
         """
         try:
             with self._process.lock:
-                if not current():
+                # A restore() that came first (a signal handler, another thread) put stock
+                # b12x back: a credit recorded now would stand with nothing backing it.
+                if self.restored or not current():
                     return False
                 self._offer = _Offer(
                     report.reclaimed_bytes, self.basis.race_jobs, self.basis.stock.nbytes, None
@@ -229,7 +234,7 @@ class Installation:
         offer = self._offer or _Offer(0, 0, 0, None)
         made = self._counts[key].stock_bytes if key in self._counts else 0
         fell_back = self._eviction.fell_back_reason
-        if self._cut_short:  # the races after restore() made stock buffers the plugin never saw
+        if self._cut_short and offer.nbytes:  # races after restore() made unseen stock buffers
             made = offer.nbytes
             fell_back = (
                 f"flare_l2evict.restore() ran before {self.words.ends}, while the credit "
@@ -259,22 +264,33 @@ class Installation:
             if self._done:
                 return
             if not self.restored:
-                self._cut_short = self._offer is not None and not self._ended
+                # Before the start-up's end: if a credit is (or is being) recorded, the races
+                # after this allocate stock buffers the allocator was promised.
+                self._cut_short = not self._ended
             self.restored = True
         # Resumable: a step is dropped only once it ran, so a restore cut short by an
         # asynchronous exception is finished by the next call (the start-up's exit calls twice).
-        while self._undo:
+        # Mid-patch every step is kept: the change a step undoes may land after it ran, and
+        # the installer's last restore runs them all again (each undo is idempotent).
+        for step in reversed(list(self._undo)) if self.applying else ():
+            self._undo_step(step)
+        while self._undo and not self.applying:
             step = self._undo[-1]
-            try:
-                step()
-            except Exception as error:  # the fork's API refused None: say so, go on
-                self.undo_error = self.undo_error or _one_line(error)
+            self._undo_step(step)
             with self._process.lock:
                 if self._undo and self._undo[-1] is step:
                     self._undo.pop()
         self._eviction.release()
         self._process.release(self)
-        self._done = True
+        # Mid-patch, steps not yet registered are still to come: the installer restores
+        # again once the patch is in place (Process.install).
+        self._done = not self.applying
+
+    def _undo_step(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception as error:  # the fork's API refused None: say so, go on
+            self.undo_error = self.undo_error or _one_line(error)
 
     def __repr__(self) -> str:
         state = "restored" if self.restored else f"reads {self.read_bytes:,} bytes"

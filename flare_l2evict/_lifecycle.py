@@ -172,7 +172,14 @@ class Process:
                 )
             made, apply = make_installation(choice, basis, self, words, kernel)
             self.installed = (startup or Startup(lambda: None, 0)).installation = made
-        apply()
+            # Under the lock, so another thread's restore() waits for the whole patch; a
+            # restore() on this thread meanwhile (a signal handler) is finished below.
+            try:
+                apply()
+            finally:
+                made.applying = False
+                if made.restored:
+                    made.restore()
         return made
 
     def release(self, installation: Installation) -> None:

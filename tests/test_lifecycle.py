@@ -48,6 +48,8 @@ import pytest
 import torch
 from figures import OWN, MiB
 
+import flare_l2evict
+import flare_l2evict._evicting
 from flare_l2evict import (
     L2EvictError,
     ReclaimReport,
@@ -643,3 +645,102 @@ def test_startup_complete_never_raises_when_the_fork_refuses_none(
     assert audit.mechanism == "fork" and active_installation() is None
     (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
     assert line.levelno == logging.WARNING and "RESTORE FAILED: ValueError" in line.getMessage()
+
+
+# restore() and the block's exit at the lines the re-attack found (issue 28).
+
+
+def _restore_at(function: Callable[..., Any], text: str) -> Callable[[Any, str, Any], Any]:
+    """A trace function that runs ``flare_l2evict.restore()`` once, at ``function``'s line ``text``.
+
+    As an operator's signal handler would: on the start-up's own thread, under
+    the re-entrant process lock where the line holds it.
+    """
+    code = getattr(function, "__func__", function).__code__
+    lines, first = inspect.getsourcelines(code)
+    target = first + next(i for i, line in enumerate(lines) if line.strip().startswith(text))
+    fired: list[int] = []
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == target and not fired:
+            fired.append(target)
+            flare_l2evict.restore()
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code is code else None
+
+    tracer.fired = fired  # type: ignore[attr-defined]
+    return tracer
+
+
+@pytest.mark.parametrize(
+    ("where", "text"),
+    [
+        ("core.start", "report = report_of("),  # after the agreement, before the offer
+        ("Installation.offer", "self._offer = _Offer("),  # inside the offer's lock
+        ("Process.install", "apply()"),  # recorded, b12x not changed yet
+        ("patch._rebind", "setattr(owner, name, replacement)"),  # mid-patch
+    ],
+)
+def test_a_restore_during_the_hook_never_leaves_a_credit_unbacked_or_the_seam_patched(
+    where: str, text: str
+) -> None:
+    from flare_l2evict import _core
+    from flare_l2evict._install import Installation
+    from flare_l2evict._lifecycle import Process
+
+    function = {
+        "core.start": _core.start,
+        "Installation.offer": Installation.offer,
+        "Process.install": Process.install,
+        "patch._rebind": patch._rebind,
+    }[where]
+    tracer = _restore_at(function, text)
+    host = runtime()
+    sys.settrace(tracer)
+    try:
+        report = hook(host)
+    finally:
+        sys.settrace(None)
+    assert tracer.fired, f"{where}: the line {text!r} never ran"  # type: ignore[attr-defined]
+    granted = host.kv_allocator.reclaimed_bytes
+    backed = seam_is_ours()
+    audit = complete(host)
+    # The credit the allocator holds is backed by the seam, or the audit names it in full.
+    assert granted == report.reclaimed_bytes
+    assert not granted or backed or audit.shortfall_bytes == granted, (where, granted, audit)
+    if not granted:
+        assert "restore()" in (report.reason or ""), report.reason
+    assert not seam_is_ours() and active_installation() is None and PROCESS.startup is None
+    fresh = runtime()
+    assert hook(fresh).reclaimed_bytes > 0 and seam_is_ours()
+    complete(fresh)
+
+
+def test_an_exception_at_the_entry_of_a_blocks_exit_still_ends_its_start_up() -> None:
+    # A signal handler's exception can land as __exit__ is entered, before any of its
+    # lines; the with statement then drops the block, and its start-up still ends.
+    class Interrupt(KeyboardInterrupt):
+        pass
+
+    exit_code = flare_l2evict._evicting._Block.__exit__.__code__
+    fired: list[bool] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is exit_code and not fired:
+            fired.append(True)
+            raise Interrupt
+        return None
+
+    weights = torch.zeros(64 * MiB // 4)
+    with pytest.raises(Interrupt):
+        with flare_l2evict.evicting_from({"w": weights}, race_jobs=JOBS, l2_cache_bytes=L2) as r:
+            assert r.reclaimed_bytes > 0 and seam_is_ours()
+            sys.settrace(tracer)
+    sys.settrace(None)
+    gc.collect()
+    assert fired and not seam_is_ours()
+    assert active_installation() is None and PROCESS.startup is None
+    with flare_l2evict.evicting_from({"w": weights}, race_jobs=JOBS, l2_cache_bytes=L2) as again:
+        assert again.reclaimed_bytes > 0
