@@ -45,8 +45,7 @@ class Request:
     """What a caller checked: everything the core reads, and nothing of the caller's object.
 
     ``tensors`` is called once and its mapping dropped once the choice is
-    installed, so the core never keeps the caller's mapping alive. ``add``
-    ``None``: a program keeps the report (no KV budget to grow).
+    installed. ``add`` ``None``: a program keeps the report.
     """
 
     device: torch.device
@@ -65,7 +64,6 @@ def guarded(
     """Run ``body``; never raises an ``Exception`` but :class:`L2EvictError` (``on_error``).
 
     The one exit: whatever ``body`` did or raised, the start-up settles here.
-    An internal fault becomes ``internal``'s 0-byte report with its reason.
     """
     report = startup.report
     escaped = True

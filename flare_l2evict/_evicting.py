@@ -1,12 +1,8 @@
 """The start-up's promise for programs that are not flare hosts: :func:`evicting_from`.
 
-A script that runs b12x's races itself (a benchmark, a vLLM fork's warm-up)
-names the tensors whose memory stays resident; inside the ``with`` block the
-races read those instead of allocating a buffer per race job. The block
-checks its arguments once, in its own words, and runs the start-up's core
-(:mod:`._core`) directly: the same decision, the same installation, the same
-one-line fallbacks. The report is returned instead of offered to a KV
-allocator, and every line names the block's arguments.
+It checks its arguments once, in its own words, and runs the start-up's core
+(:mod:`._core`): the report is returned, not offered, and every line names the
+block's arguments.
 """
 
 from __future__ import annotations
@@ -130,8 +126,7 @@ def _refused(problem: str, raising: bool) -> ReclaimReport:
 class _Block:
     """One ``evicting_from`` block: its checked arguments, then its start-up (see its docs).
 
-    It holds the program's mapping only until the core has read it: from
-    then on only the storages the races read stay referenced, and a tensor
+    The program's mapping is held only until the core has read it, so a tensor
     nothing but the block held is not credited.
     """
 

@@ -1,12 +1,8 @@
 """Install a :class:`WeightEviction` into b12x's start-up races, credit it, offer it, undo it.
 
-An :class:`Installation` is made with the device's :class:`~._basis.CreditBasis`
-and the process that holds it (:class:`Holder`; the process owner,
-:mod:`._lifecycle`, makes it through :func:`make_installation`), and owns,
-from then on, everything about it: the credit (computed once, from what it
-really reads), its policies (:meth:`~Installation.unheld`,
-:meth:`~Installation.kept`), the offer to the KV allocator and its hand-off
-with ``startup_complete``, the audit, and the restore.
+An :class:`Installation` is handed its basis and its process (:class:`Holder`)
+and owns everything about it from then on: the credit, its policies, the offer
+and its hand-off with ``startup_complete``, the audit and the restore.
 """
 
 from __future__ import annotations
@@ -119,29 +115,20 @@ class Installation:
     def unheld(self) -> str | None:
         """Why a storage read is held by nothing but the eviction (``None``: the host holds all).
 
-        Asked once the hook holds no host mapping. A copy made inside
-        ``resident_tensors()`` and kept only by a reference cycle is young:
-        collecting the young generations (microseconds; a full collection can
-        take a second on a server's heap) frees it first, so it is not taken
-        for the host's. One that survives longer is caught at a read once the
-        collector frees it (the audit's FELL BACK and SHORTFALL).
+        Collects the young generations first (microseconds; a full collection can take
+        a second), so a copy kept only by a young reference cycle is not taken for the host's.
         """
         gc.collect(1)
         return self._eviction.unheld()
 
     def kept(self, agreed_bytes: int, current: bool) -> bool:
-        """Whether to offer: it credits, the ranks agreed, and its start-up is still current.
-
-        Ranks race alike: if nothing is credited, nobody reads weights
-        (:meth:`settle` then restores).
-        """
+        """Whether to offer: it credits, the ranks agreed, and its start-up is still current."""
         return not self.restored and agreed_bytes > 0 and current
 
     def settle(self) -> None:
         """The start-up's exit: kept if and only if :meth:`offer` recorded its credit.
 
-        Idempotent, and the one place a start-up restores what it made, so an
-        exception anywhere before it strands nothing.
+        Idempotent, and the one place a start-up restores what it made.
         """
         self.offer_over()
         if self.offered_bytes == 0:
@@ -165,14 +152,11 @@ class Installation:
     ) -> bool:
         """Hand ``report`` to the allocator once, if ``current()``; whether it was handed.
 
-        ``add`` ``None``: a program keeps the report itself; the credit is recorded all the same.
-
-        ``current`` is asked under the process lock, so ``startup_complete``
-        either came before (nothing offered; the caller restores) or comes
-        after, and then waits for ``add_reclaimed`` to return. The credit is
-        recorded before the call: from then on it may have been applied, so
-        the installation stays and the audit holds it to it. What the
-        allocator raised is recorded, then raised again.
+        ``current`` is asked under the process lock, so ``startup_complete`` either came
+        before (nothing offered) or waits for ``add_reclaimed`` to return. The credit is
+        recorded before the call (it may have been applied from then on, so the
+        installation stays); what the allocator raised is recorded, then raised again.
+        ``add`` ``None``: a program keeps the report; the credit is recorded all the same.
         """
         try:
             with self._process.lock:
@@ -198,7 +182,7 @@ class Installation:
         return None if self._offer is None else self._offer.allocator_error
 
     def offer_over(self) -> None:
-        """The offer has returned (or never began); an :meth:`end` that came meanwhile restores now.
+        """The offer has returned (or never began): an :meth:`end` that came meanwhile restores.
 
         Idempotent: the start-up calls it again from its last guard, so an
         asynchronous exception inside the offer's own cleanup strands nothing.
@@ -291,14 +275,8 @@ def make_installation(
 ) -> tuple[Installation, Callable[[], None]]:
     """Make b12x's race jobs on ``choice.device`` read the chosen weights, on a measured basis.
 
-    The fork's API, where present, is handed the storage (``None`` undoes);
-    otherwise every seam and binding ``basis.proof`` found is replaced by one
-    function that hands each enabled call on ``choice.device`` an
-    :class:`~flare_l2evict._eviction.EvictionHandle` and defers elsewhere;
-    every call and stock buffer is counted for :meth:`Installation.audit`.
-    Returns the installation, which changes nothing yet, and the step that
-    does: recorded first, each change's undo registered before it is made,
-    an exception anywhere in between strands nothing.
+    Returns the installation, which changes nothing yet, and the step that does;
+    each change's undo is registered before it is made.
     """
     counts: dict[str, Counts] = {}
     alive = Alive(process)
@@ -321,11 +299,7 @@ def make_installation(
 
 
 def _check_returned(returned: object) -> None:
-    """Raise if ``add_reclaimed`` returned an awaitable: its work has not run, may never run.
-
-    A coroutine is closed (it never ran, so nothing was applied); either way
-    the offer is recorded as raised, so the report and the audit say so.
-    """
+    """Raise if ``add_reclaimed`` returned an awaitable: its work has not run, may never run."""
     if not inspect.isawaitable(returned):
         return
     if inspect.iscoroutine(returned):

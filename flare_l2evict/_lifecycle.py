@@ -43,9 +43,8 @@ if TYPE_CHECKING:
 class Startup:
     """One start-up: the runtime it belongs to, who runs it, what it installed and reported.
 
-    The runtime is held weakly where it allows it, so a start-up that fell
-    back keeps no host object alive; once that runtime is gone, a start-up
-    whose credit does not stand belongs to whoever ends it.
+    The runtime is held weakly where it allows it, so a start-up that fell back
+    keeps no host object alive.
     """
 
     owner: Callable[[], object]
@@ -110,10 +109,10 @@ class Process:
             return self.startup is startup
 
     def settle(self, startup: Startup, report: ReclaimReport, escaped: bool) -> None:
-        """The hook's one exit: keep the installation iff its credit was offered; record the report.
+        """The hook's one exit: keep the installation iff its credit was offered.
 
-        ``escaped``: an exception leaves the hook. Then a start-up that offered
-        nothing is ended too, so a retry begins anew instead of meeting it.
+        ``escaped``: an exception leaves the hook; a start-up that offered nothing
+        is then ended too, so a retry begins anew.
         """
         made = startup.installation
         if made is not None:
@@ -124,11 +123,9 @@ class Process:
                 self.startup = None
 
     def end(self, runtime: object | None, force: bool = False) -> tuple[Startup | None, str | None]:
-        """End the start-up ``runtime`` ends (:meth:`Startup.ends_with`); why not, when it is not.
+        """End the start-up ``runtime`` ends (:meth:`Startup.ends_with`), or say why not.
 
-        Returns the start-up ended (``None`` when there was none) and, when
-        the call ends no start-up in progress, the one-line reason it changed
-        nothing. ``force`` (:func:`flare_l2evict.plugin.finish`) ends any.
+        ``force`` (:func:`flare_l2evict.plugin.finish`) ends any.
         """
         with self.lock:
             startup = self.startup
@@ -158,11 +155,8 @@ class Process:
     ) -> Installation:
         """Make b12x's races read ``choice`` (:func:`~._install.make_installation`), or refuse.
 
-        While an installation is active, installing again raises
-        :class:`~flare_l2evict.InstallError`; the caller owns exactly what it gets.
-        The installation is recorded (here and on ``startup``, in one step)
-        before b12x is changed, so whatever interrupts the change, its settling
-        finds what to undo.
+        Raises :class:`~flare_l2evict.InstallError` while an installation is active.
+        It is recorded before b12x is changed, so its settling finds what to undo.
         """
         with self.lock:
             if self.installed is not None:
@@ -198,9 +192,7 @@ def install(
 def ensure_ended(runtime: object | None, force: bool) -> None:
     """End what ``startup_complete(runtime)`` ends, and what is installed once no start-up is.
 
-    Idempotent: ``startup_complete`` calls it last, from a ``finally``, so an
-    exception at any of its lines still ends its start-up, with stock b12x
-    back and no reference to the weights.
+    Idempotent: ``startup_complete`` calls it last, from a ``finally``.
     """
     PROCESS.end(runtime, force)
     with PROCESS.lock:
@@ -217,9 +209,8 @@ def active_installation() -> Installation | None:
 def restore() -> None:
     """Put stock b12x back and release the weights, whatever is installed. Idempotent.
 
-    While a start-up's credit stands, the races after this allocate stock
-    buffers the allocator was promised: ``startup_complete``'s audit names
-    the credit as SHORTFALL in its WARNING line.
+    While a start-up's credit stands, later races allocate stock buffers the
+    allocator was promised: ``startup_complete``'s audit names them as SHORTFALL.
     """
     installation = PROCESS.installed
     if installation is not None:

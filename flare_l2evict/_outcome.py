@@ -1,10 +1,4 @@
-"""What one start-up step hands the next, and the reports made of it (no sequencing here).
-
-:class:`Local` is this rank's outcome before the agreement; :func:`report_of`
-turns it, the agreement and the installation into the :class:`ReclaimReport`
-the allocator is offered; :func:`nothing` is the report of a call that changed
-nothing. :class:`Clock` times the steps for ``ReclaimReport.seconds``.
-"""
+"""What one start-up step hands the next, and the reports made of it (no sequencing here)."""
 
 from __future__ import annotations
 
@@ -57,10 +51,9 @@ class Clock:
 class Local:
     """What this rank brings to the agreement: its settings, basis and credit.
 
-    ``settings`` is ``None`` when they could not be read; ``raising`` is
-    whether the deployment asked for ``on_error = "raise"`` (read even from a
-    section that failed validation); ``error`` is the fault that made the
-    credit 0, if one did.
+    ``settings`` ``None``: they could not be read; ``raising``: the deployment asked
+    for ``on_error = "raise"`` (read even from an invalid section); ``error``: the
+    fault that made the credit 0.
     """
 
     settings: L2EvictSettings | None = None

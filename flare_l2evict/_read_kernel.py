@@ -60,10 +60,9 @@ def _kernel() -> Any:
 def triton_reads(
     views: Sequence[torch.Tensor], partial: torch.Tensor
 ) -> tuple[list[Callable[[], None]] | None, str]:
-    """Warmed launchers that read ``views`` into ``partial``; ``(None, why)`` where Triton cannot.
+    """Warmed launchers reading ``views`` into ``partial``; ``(None, why)`` where Triton cannot.
 
-    ``views`` are 1-d contiguous float32 tensors on one CUDA device, ``partial``
-    a float32 vector on it. Synchronises once (the warm-up), never again.
+    Synchronises once (the warm-up), never again.
     """
     if partial.device.type != "cuda":
         return None, f"{partial.device} is not a CUDA device"

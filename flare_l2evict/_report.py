@@ -141,9 +141,9 @@ class DeviceAudit(BaseModel):
 class StartupAudit(BaseModel):
     """What really happened between ``before_first_capture`` and ``startup_complete``.
 
-    ``shortfall_bytes`` is what stock buffers allocated on the credited device
-    while the credit stood: memory the KV allocator was promised but the races
-    used after all. It is 0 when every eviction was served by the weights.
+    ``shortfall_bytes``: what stock buffers allocated on the credited device while
+    the credit stood (memory promised to the KV allocator); 0 when the weights
+    served every eviction.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -1,9 +1,8 @@
 """Read the host's ``runtime`` once, defensively, against the contract in :mod:`.hookspecs`.
 
-The host's object is code the plugin does not own: any attribute may be a
-property that raises, and ``resident_tensors()`` may return anything. Every
-attribute is read exactly once (:func:`snapshot`), with what reading it raised
-kept as a fact, so no host behaviour escapes the hook's fallback guard.
+Any attribute may be a property that raises: each is read exactly once
+(:func:`snapshot`), what reading it raised kept as a fact, so no host
+behaviour escapes the hook's fallback guard.
 """
 
 from __future__ import annotations
@@ -31,12 +30,7 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Each contract attribute of ``runtime`` as read once: its value, or why it could not be.
-
-    ``values[name]`` is the value (``_MISSING`` when absent); ``errors[name]``
-    is the one-line text of what reading it raised. ``add_reclaimed`` is
-    ``kv_allocator.add_reclaimed``, read once as well (``None`` if unreadable).
-    """
+    """Each contract attribute of ``runtime`` as read once: its value, or why it could not be."""
 
     values: dict[str, object]
     errors: dict[str, str]
@@ -52,8 +46,7 @@ class Snapshot:
 class Placement:
     """Where this process sits, read leniently so even a faulty runtime gets a valid report.
 
-    ``rank``/``world_size`` fall back to 0/1 and ``device`` to the text the
-    host gave when those attributes are missing, raising or out of range; the
+    ``rank``/``world_size`` fall back to 0/1 and ``device`` to the host's text; the
     strict reading is :func:`read_runtime`.
     """
 
@@ -183,9 +176,7 @@ def _described(value: object) -> str:
 def read_runtime(runtime: object | Snapshot) -> RuntimeFacts:
     """The checked runtime, or :class:`RuntimeContractError` naming the first bad attribute.
 
-    The message is one line: the attribute, what it was (or what reading it
-    raised), and what it accepts. ``runtime`` may be a :class:`Snapshot`
-    already taken, so the host's object is read once per hook call.
+    One line: the attribute, what it was (or raised), and what it accepts.
     """
     seen = _Reading(runtime if isinstance(runtime, Snapshot) else snapshot(runtime))
     for name in RUNTIME_ATTRIBUTES:
@@ -297,11 +288,7 @@ def _check_group(group: object, rank: int, world: int) -> None:
 
 
 def read_tensors(facts: RuntimeFacts) -> Mapping[str, torch.Tensor]:
-    """``resident_tensors()``, called once, checked to be a mapping; bounded time whatever it is.
-
-    Raises :class:`RuntimeContractError` naming what came back (or what the
-    call raised) when it is not a mapping of names to tensors.
-    """
+    """``resident_tensors()``, called once, checked to be a mapping; bounded time whatever it is."""
     try:
         found = facts.resident_tensors()
     except Exception as error:

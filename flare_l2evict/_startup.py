@@ -80,11 +80,7 @@ def _from_host(runtime: object, startup: Startup, clock: Clock) -> ReclaimReport
 
 
 def _read_settings(seen: Snapshot, local: Local) -> None:
-    """Settings first, so ``on_error = "raise"`` also covers the runtime's faults.
-
-    The section is read once, so both see the same values. A config that is
-    no mapping at all is the runtime's fault, named by ``read_runtime``.
-    """
+    """Settings first, so ``on_error = "raise"`` also covers the runtime's faults."""
     config = seen.get("config")
     if config is None or isinstance(config, Mapping):
         section = read_section(config)
@@ -128,11 +124,8 @@ def _wants_raise(runtime: object) -> bool:
 def finish(runtime: object | None = None, *, force: bool = False) -> StartupAudit:
     """``startup_complete``: audit, stock b12x back, no reference to the weights.
 
-    Ends only the start-up ``runtime`` ends (:meth:`~._lifecycle.Startup.ends_with`;
-    ``force``: any); any other call changes nothing and logs one line. Always
-    ends what it installed when it ends a start-up (or what is installed, when
-    none is active). Never raises an ``Exception``: it is the host's last
-    start-up step.
+    Ends only the start-up ``runtime`` ends (``force``: any); any other call changes
+    nothing and logs one line. Never raises an ``Exception``.
     """
     try:
         return _finish(runtime, force)
