@@ -222,21 +222,16 @@ def evicting_from(
 ) -> AbstractContextManager[ReclaimReport]:
     """Inside the block, b12x's races evict L2 by reading ``tensors``; yields the report.
 
-    ``tensors`` maps names to tensors that stay resident (and unwritten
-    while races run) for the whole block; the block references only what the
-    races read, and a tensor nothing but the block holds is not credited.
-    ``race_jobs`` is how many b12x race jobs the program holds at once (one
-    stock buffer each); ``device`` defaults to the first tensor's;
-    ``l2_cache_bytes`` ``None`` reads the CUDA device's. ``window``,
-    ``exclude`` and ``on_error`` are the plugin's settings of the same names.
+    ``tensors`` stay resident (and unwritten while races run) for the whole block;
+    ``race_jobs`` is how many race jobs the program holds at once; ``device``
+    defaults to the first tensor's; ``l2_cache_bytes`` ``None`` reads the CUDA
+    device's; ``window``, ``exclude`` and ``on_error`` are the plugin's settings.
 
-    Invariants: the report's ``reclaimed_bytes`` is what the block's races
-    will not allocate (0, with the reason, when it falls back: then stock
-    b12x runs unchanged); on exit, exceptions included, stock b12x is back
-    and nothing references the tensors. Under ``on_error = "fallback"`` it
-    never raises on entry, and every line it logs names its own arguments.
-    While another start-up (a flare host's, or another block) is active in
-    the process, it reports 0 and changes nothing.
+    Invariants: ``reclaimed_bytes`` is what the block's races will not allocate (0,
+    with the reason, when it falls back to stock b12x); on exit, exceptions
+    included, stock b12x is back and nothing references the tensors. Under
+    ``on_error = "fallback"`` it never raises on entry. While another start-up is
+    active in the process, it reports 0 and changes nothing.
     """
     arguments = {
         "race_jobs": race_jobs,

@@ -87,38 +87,25 @@ class WeightEviction:
 
     Invariants a caller relies on:
 
-    * a call allocates no memory and does not synchronise with the host, so it
-      can sit before every timed sample and be captured in a CUDA graph;
-    * the only memory written is a small float32 output (``OUTPUT_ROWS``
-      partial sums and one scalar) owned by this object, so calls from several
-      race jobs may interleave;
-    * everything it keeps is made outside inference mode, so races run outside
-      it work even when the hook ran inside ``torch.inference_mode()``;
-    * the read is the Triton kernel of :mod:`._read_kernel` when ``kernel`` is
-      ``"triton"``, or ``"auto"`` and the process already runs Triton
-      (:func:`triton_started`); it is compiled and run once here, in the hook,
-      before any race. Otherwise, or where Triton cannot load, it is torch's
-      row reduction; :attr:`kernel` says which and :attr:`kernel_note` why;
-    * the reads are the choice's pieces: ``window_bytes`` (rounded down to
-      whole float32 words) of distinct bytes, from the end of each region;
-    * while installed it holds the storages it reads (each owns its memory:
-      :func:`~._weights.storages_of` refuses borrowed ones), so they cannot be
-      freed underneath it; :meth:`release` drops them;
-    * before every read it checks, in a few C calls per piece, that each
-      storage still has the address and at least the bytes it had at the hook,
-      and that each host tensor a piece was chosen through still starts where
-      it did. A storage freed, grown or moved (``resize_``, ``share_memory_``)
-      or a tensor re-pointed (``set_``, ``param.data = ...``, an offload), or a
-      storage that nothing but this object still holds (:meth:`unheld`), makes
-      this and every later call run ``fallback`` instead: stock b12x's own
-      eviction, allocated then, with one WARNING line; :attr:`fell_back_reason`
-      says why, for the audit. A call after :meth:`release` does the same;
-    * it keeps no weak reference to a host tensor (``torch.utils.swap_tensors``
-      refuses a tensor that has one): host tensors are held strongly until
-      :meth:`release`, and one that only this object still holds counts as
-      this object's own. A free, on any thread, that lands before a read's
-      check falls back; one between the check and the read is outside the
-      host contract (``resident_tensors()`` stay allocated until ``until``).
+    * a call allocates nothing and never synchronises, so it can sit before every
+      timed sample and be captured in a CUDA graph; it writes only its own small
+      float32 output, so calls from several race jobs may interleave;
+    * what it keeps is made outside inference mode (races outside it work);
+    * it reads ``window_bytes`` (in whole float32 words) of distinct bytes, from
+      the end of each region, with the Triton read of :mod:`._read_kernel` (asked
+      for, or ``"auto"`` in a process that already runs Triton; compiled and run
+      once here) or else torch's reduction: :attr:`kernel` says which, and
+      :attr:`kernel_note` why;
+    * it holds the storages it reads (each owns its memory) until :meth:`release`,
+      and host tensors strongly, never by weak reference
+      (``torch.utils.swap_tensors`` refuses a tensor that has one);
+    * before every read it checks, in a few C calls per piece, that each storage
+      keeps its address and bytes, each host tensor still starts where it did,
+      and something besides this object holds each storage (:meth:`unheld`).
+      Otherwise (or after :meth:`release`) this and every later call run
+      ``fallback``, stock's own eviction, with one WARNING line;
+      :attr:`fell_back_reason` says why. A free between the check and the read
+      is outside the host contract (weights stay allocated until ``until``).
     """
 
     def __init__(

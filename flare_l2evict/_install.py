@@ -50,18 +50,14 @@ class Installation:
 
     Invariants the KV allocator relies on:
 
-    * :attr:`credit` is computed once, when it is made, from the bytes its
-      eviction really reads and the device's basis; it is 0 unless the
-      eviction reads the whole window;
-    * from the moment :meth:`offer` records the credit, the installation stays
-      until :meth:`end` (``startup_complete``), whatever the allocator does or
-      raises; :meth:`end` during the offer (another thread, or a signal
-      handler on this one) restores once ``add_reclaimed`` has returned;
-    * :meth:`restore` puts stock b12x back and drops every reference to the
-      weights; it is idempotent and safe from any thread, and never raises an
-      ``Exception`` (an undo that raised is kept in :attr:`undo_error`). A
-      restore while the offered credit stands (before :meth:`end`) is audited:
-      the credit is the audit's SHORTFALL;
+    * :attr:`credit` is computed once, from the bytes the eviction really reads;
+      it is 0 unless the whole window is read;
+    * once :meth:`offer` records the credit, the installation stays until
+      :meth:`end` (``startup_complete``), whatever the allocator does; an
+      :meth:`end` during the offer restores once ``add_reclaimed`` returned;
+    * :meth:`restore` is idempotent, safe from any thread and never raises an
+      ``Exception`` (a failed undo is kept in :attr:`undo_error`); a restore while
+      the offered credit stands is the audit's SHORTFALL;
     * :meth:`settle` is the start-up's one decision: kept iff the credit was offered.
     """
 

@@ -1,22 +1,15 @@
 """The one owner of the plugin's process state: the start-up in progress and what is installed.
 
-Like pluggy's ``PluginManager``, one object (:data:`PROCESS`) holds every
-piece of state the plugin keeps between calls; nothing else in the package
-keeps any. Its invariants, which the KV allocator relies on:
+Like pluggy's ``PluginManager``, :data:`PROCESS` holds every piece of state the
+plugin keeps between calls. Its invariants, which the KV allocator relies on:
 
-* at most one start-up per process. It ends only by ``startup_complete``
-  with the runtime that began it, or with the report its
-  ``before_first_capture`` returned (:meth:`Startup.ends_with`); a start-up
-  whose credit stands is never ended by another runtime, by ``None``, or
-  because its runtime object is gone;
-* at most one installation per process (:attr:`Process.installed`), whoever
-  made it; :meth:`Process.hold` refuses a second one;
-* a start-up settles in one place (:meth:`Process.settle`): its installation
-  stays if and only if its credit was offered;
-* the lock is re-entrant, so a signal handler that runs ``startup_complete``
-  on a thread that holds it does not deadlock, and it is made anew in a forked
-  child, so a child forked while another thread held it does not block. It is
-  held only for state changes, never across host code.
+* at most one start-up per process, ended only by ``startup_complete`` with its
+  runtime or its report (:meth:`Startup.ends_with`), never, while its credit
+  stands, by another runtime, by ``None``, or because its runtime is gone;
+* at most one installation per process (:meth:`Process.install` refuses a
+  second), settled in one place (:meth:`Process.settle`);
+* the lock is re-entrant (a signal handler running ``startup_complete`` does
+  not deadlock), made anew in a forked child, and never held across host code.
 """
 
 from __future__ import annotations

@@ -60,12 +60,10 @@ class Placement:
 class RuntimeFacts:
     """The runtime's attributes, checked: what every later step may rely on.
 
-    Invariants: ``device`` is a ``torch.device`` of type ``cpu`` or ``cuda``;
-    ``0 <= rank < world_size``; a ``process_group``, when given, has exactly
-    ``world_size`` ranks with this process at ``rank``; ``race_jobs`` in
-    ``0..MAX_RACE_JOBS``; ``l2_cache_bytes`` is ``None`` (read from the CUDA
-    device later) or in ``1..MAX_L2_BYTES``; ``add_reclaimed`` and
-    ``resident_tensors`` are callable. Nothing here reads the host's object again.
+    Invariants: ``device`` is ``cpu`` or ``cuda``; ``0 <= rank < world_size``; a
+    ``process_group`` has ``world_size`` ranks with this process at ``rank``;
+    ``race_jobs`` in ``0..MAX_RACE_JOBS``; ``l2_cache_bytes`` ``None`` (read from
+    CUDA) or in ``1..MAX_L2_BYTES``; the two callables are callable.
     """
 
     device: torch.device
