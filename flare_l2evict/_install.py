@@ -166,7 +166,7 @@ class Installation:
                 _check_returned(add(report))
         except BaseException as raised:
             if self._offer is not None:
-                self._offer = replace(self._offer, allocator_error=_one_line(raised))
+                self._offer = replace(self._offer, allocator_error=described(raised, 500))
             raise
         finally:
             self.offer_over()
@@ -248,7 +248,7 @@ class Installation:
             try:
                 step()
             except Exception as error:  # the fork's API refused None: say so, go on
-                self.undo_error = self.undo_error or _one_line(error)
+                self.undo_error = self.undo_error or described(error, 500)
             with self._process.lock:
                 if self._undo and self._undo[-1] is step:
                     self._undo.pop()
@@ -260,10 +260,6 @@ class Installation:
         state = "restored" if self.restored else f"reads {self.read_bytes:,} bytes"
         name = shown(repr(self.source_name), 120)
         return f"Installation({self.mechanism}, {name} on {self.device}, {state})"
-
-
-def _one_line(error: BaseException) -> str:
-    return described(error, 500)
 
 
 def make_installation(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -59,7 +59,6 @@ class Local:
     settings: L2EvictSettings | None = None
     raising: bool = False
     basis: CreditBasis | None = None
-    add: Callable[[ReclaimReport], object] | None = None
     credit: Credit = field(default_factory=lambda: Credit(0, "not started"))
     error: Exception | None = None
 

@@ -77,10 +77,6 @@ class RuntimeFacts:
     resident_tensors: Callable[[], object]
 
 
-def _one_line(error: BaseException) -> str:
-    return described(error, 200)
-
-
 def snapshot(runtime: object) -> Snapshot:
     """Read every contract attribute of ``runtime`` once; never raises an ``Exception``."""
     values: dict[str, object] = {}
@@ -90,14 +86,14 @@ def snapshot(runtime: object) -> Snapshot:
             values[name] = getattr(runtime, name, _MISSING)
         except Exception as error:  # a property of the host's that raises
             values[name] = _MISSING
-            errors[name] = _one_line(error)
+            errors[name] = described(error, 200)
     add: Callable[[Any], object] | None = None
     allocator = values["kv_allocator"]
     if allocator is not _MISSING and allocator is not None:
         try:
             found = getattr(allocator, "add_reclaimed", None)
         except Exception as error:
-            errors["kv_allocator"] = f"reading add_reclaimed raised {_one_line(error)}"
+            errors["kv_allocator"] = f"reading add_reclaimed raised {described(error, 200)}"
         else:
             add = found if callable(found) else None
     return Snapshot(values, errors, add)
@@ -182,19 +178,19 @@ def read_runtime(runtime: object | Snapshot) -> RuntimeFacts:
             raise seen.bad(name, "an attribute that can be read")
     device = seen.device()
     rank, world, group = seen.topology()
-    config = seen.value("config")
+    config = seen.snapshot.get("config")
     if config is None:
         config = {}
     if not isinstance(config, Mapping):
         raise seen.bad("config", "the deployment config as a mapping")
-    jobs = whole_number(seen.value("race_jobs"))
+    jobs = whole_number(seen.snapshot.get("race_jobs"))
     if jobs is None or not 0 <= jobs <= MAX_RACE_JOBS:
         raise seen.bad("race_jobs", f"a whole number in 0..{MAX_RACE_JOBS}")
     l2 = seen.l2_cache_bytes(device)
     add = seen.snapshot.add_reclaimed
     if "kv_allocator" in seen.snapshot.errors or add is None:
         raise seen.bad("kv_allocator", "an object with add_reclaimed(report)")
-    tensors = seen.value("resident_tensors")
+    tensors = seen.snapshot.get("resident_tensors")
     if not callable(tensors):
         raise seen.bad("resident_tensors", "a method returning the resident tensors by name")
     return RuntimeFacts(device, rank, world, group, config, jobs, l2, add, tensors)
@@ -218,12 +214,8 @@ class _Reading:
             f"runtime.{name} {got}: the host must pass {accepts} ({_CONTRACT})"
         )
 
-    def value(self, name: str) -> object:
-        found = self.snapshot.values[name]
-        return None if found is _MISSING else found
-
     def device(self) -> torch.device:
-        device = _device(self.value("device"))
+        device = _device(self.snapshot.get("device"))
         if device is None:
             raise self.bad("device", "a torch.device of type cuda (or cpu on the reference host)")
         if device.type == "cuda":
@@ -237,13 +229,13 @@ class _Reading:
 
     def topology(self) -> tuple[int, int, object]:
         """``(rank, world_size, process_group)``, the group checked against both."""
-        world = whole_number(self.value("world_size"))
+        world = whole_number(self.snapshot.get("world_size"))
         if world is None or world < 1:
             raise self.bad("world_size", "a whole number >= 1")
-        rank = whole_number(self.value("rank"))
+        rank = whole_number(self.snapshot.get("rank"))
         if rank is None or not 0 <= rank < world:
             raise self.bad("rank", f"a whole number in 0..{world - 1} (below world_size {world})")
-        group = self.value("process_group")
+        group = self.snapshot.get("process_group")
         if world > 1 and group is None:
             raise self.bad("process_group", "the tensor-parallel process group when world_size > 1")
         if group is not None:
@@ -251,7 +243,7 @@ class _Reading:
         return rank, world, group
 
     def l2_cache_bytes(self, device: torch.device) -> int | None:
-        l2_value = self.value("l2_cache_bytes")
+        l2_value = self.snapshot.get("l2_cache_bytes")
         l2 = None if l2_value is None else whole_number(l2_value)
         if l2_value is not None and (l2 is None or not 0 < l2 <= MAX_L2_BYTES):
             raise self.bad(
@@ -274,7 +266,7 @@ def _check_group(group: object, rank: int, world: int) -> None:
         mine = dist.get_rank(group)  # type: ignore[arg-type]
     except Exception as error:
         raise RuntimeContractError(
-            f"{where} cannot be used ({_one_line(error)}): the host must pass its initialised "
+            f"{where} cannot be used ({described(error, 200)}): the host must pass its initialised "
             f"tensor-parallel group ({_CONTRACT})"
         ) from None
     if size != world or mine != rank:
@@ -291,7 +283,7 @@ def read_tensors(facts: RuntimeFacts) -> Mapping[str, torch.Tensor]:
         found = facts.resident_tensors()
     except Exception as error:
         raise RuntimeContractError(
-            f"runtime.resident_tensors() raised {_one_line(error)}: the host must return the "
+            f"runtime.resident_tensors() raised {described(error, 200)}: the host must return the "
             f"loaded checkpoint tensors by name ({_CONTRACT})"
         ) from None
     try:

@@ -11,7 +11,7 @@ from typing import Any, overload
 
 import torch
 
-from ._decision import BORROWED_WORDS, RegionChoice, Storages
+from ._decision import _NAMED, BORROWED_WORDS, RegionChoice, Storages
 from ._errors import WeightsError
 from ._log import say
 from ._text import described_value, shown
@@ -30,8 +30,6 @@ BORROWED = "borrowed"
 """The skip reason of a storage that does not own its memory (see :func:`storages_of`)."""
 FILE_MAPPED = "file-mapped"
 """The skip reason of a borrowed CPU storage whose memory is a file's mapping (an mmap)."""
-_NAMED = 3
-"""Names one refusal line shows; the rest are counted."""
 
 MAX_TENSORS = 250_000
 """More resident tensors than any checkpoint shard holds (DeepSeek V3: ~92,000 in all).
@@ -131,22 +129,6 @@ def _each_storage(
         except Exception:  # tensor subclasses without a plain storage are not readable
             found.append(None)
     return found, False
-
-
-class _PerStorage:
-    """A column of :class:`~._decision.Storages` computed on demand, storage by storage."""
-
-    def __init__(
-        self, storages: list[torch.UntypedStorage | None], read: Callable[[Any], Any]
-    ) -> None:
-        self._storages = storages
-        self._read = read
-
-    def __len__(self) -> int:
-        return len(self._storages)
-
-    def __getitem__(self, index: int, /) -> Any:
-        return self._read(self._storages[index])
 
 
 class ResidentStorages(Sequence["torch.UntypedStorage | None"]):
@@ -262,7 +244,9 @@ def storages_of(
                 verdicts[found] = None if same_device(found, device) else "other device"
         return verdicts[found]
 
-    starts = _PerStorage(storages, _start)
+    # Columns asked only for the largest storages: all 100,000 of a checkpoint up front
+    # would cost more than the choice.
+    starts = _PerIndex(len(storages), lambda index: _start(storages[index]))
     return Storages(names, sizes, starts, _PerIndex(len(storages), skip)), held
 
 
@@ -318,16 +302,16 @@ def _bounded_names(tensors: Mapping[str, torch.Tensor]) -> list[Any]:
 
 
 class _PerIndex:
-    """A column computed on demand from the index alone."""
+    """A column of :class:`~._decision.Storages` computed on demand, index by index."""
 
-    def __init__(self, size: int, read: Callable[[int], str | None]) -> None:
+    def __init__(self, size: int, read: Callable[[int], Any]) -> None:
         self._size = size
         self._read = read
 
     def __len__(self) -> int:
         return self._size
 
-    def __getitem__(self, index: int, /) -> str | None:
+    def __getitem__(self, index: int, /) -> Any:
         return self._read(index)
 
 

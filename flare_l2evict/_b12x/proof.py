@@ -82,17 +82,8 @@ def unwrap(function: Any) -> Any:
     return function
 
 
-def fork_function() -> Callable[..., Any] | None:
-    """The fork's API where the loaded b12x has it: the one place fork-or-stock is chosen."""
-    for row in fork_rows():
-        function = row.loaded()
-        if function is not None:
-            return function
-    return None
-
-
 def fork_api() -> Callable[..., Any] | None:
-    """The fork's API as :func:`fork_function` finds it, its signature checked against its row.
+    """The fork's API where the loaded b12x has it, its signature checked against its row.
 
     Raises :class:`InstallError` on another shape: the plugin never hands storage
     to a call it does not know.
@@ -100,8 +91,9 @@ def fork_api() -> Callable[..., Any] | None:
     for row in fork_rows():
         function = row.loaded()
         if function is not None:
-            module = importlib.import_module(row.module_path)
-            checked: Callable[..., Any] = _check_signature(row, module, function)
+            checked: Callable[..., Any] = _check_signature(
+                row, importlib.import_module(row.module_path), function
+            )
             return checked
     return None
 

@@ -59,12 +59,6 @@ class SeamRow:
         """The full name, for messages: ``b12x.preparation._measurement._l2_flush_fn``."""
         return f"{self.module_path}.{self.function}"
 
-    @property
-    def races_module_path(self) -> str:
-        """The module of the race code (its first caller): ``prepare_race_steps`` and friends."""
-        module = self.callers[0][0] if self.callers else self.module
-        return f"{ROOTS[0]}.{module}"
-
     def root_of(self, module_name: str) -> str | None:
         """The b12x root of a loaded module of this row's seam, or ``None`` if it is not one."""
         suffix = "." + self.module
