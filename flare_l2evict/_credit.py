@@ -50,7 +50,7 @@ def credit(
       a lower bound of what the races stop allocating.
 
     ``stock_buffer_bytes`` must be what stock b12x really allocates per job
-    on this device (:func:`~flare_l2evict.measure_stock_buffer`).
+    on this device (:func:`~._b12x.proof.measure_stock_buffer`).
     """
     if not installable:
         return Credit(0, "nothing installed")
