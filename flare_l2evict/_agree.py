@@ -47,10 +47,8 @@ AGREE_TIMEOUT_S = 120.0
 """Seconds a rank waits for the other ranks' votes; then the missing ones are voted out (0)."""
 
 _ROUNDS = itertools.count()
-"""Agreements this process has made: every rank of a job calls :func:`agree` once per
-start-up, so the n-th call is the same start-up on every rank, and its votes have their own
-keys. A start-up of one rank with no group (a program's
-:func:`~flare_l2evict.evicting_from`) does not call it, so it does not move the count."""
+"""Agreements made: every rank calls :func:`agree` once per start-up (a lone rank with no
+group does not), so the n-th call is the same start-up on every rank, with keys of its own."""
 _LATE = "late"
 _PREFIX = "flare_l2evict/agree"
 
