@@ -1,18 +1,11 @@
 """The start-up's core, shared by hosts and programs: basis, choice, install, agree, report, offer.
 
-A caller (the host reader, :mod:`._startup`, or a program's block,
-:mod:`._evicting`) checks its own inputs into a :class:`Request` and runs
-:func:`guarded`. The promises the KV allocator relies on:
-
-* one exit: :func:`guarded` has one ``try``/``finally``, in the manner of
-  pluggy's ``_multicall``; there the start-up settles
-  (:meth:`~._lifecycle.Process.settle`): its installation stays if and only
-  if :meth:`~._install.Installation.offer` recorded its credit, whatever was
-  raised before (``BaseException`` included, which still propagates);
-* at most one credit is offered per installation, across all allocators;
-* under ``on_error = "raise"`` every outcome that credits 0 raises one line
-  (after the tensor-parallel agreement, so every rank raises), except
-  ``enabled = false``.
+A caller (:mod:`._startup` for hosts, :mod:`._evicting` for programs) checks its
+inputs into a :class:`Request` and runs :func:`guarded`, whose one
+``try``/``finally`` (pluggy's ``_multicall``) settles the start-up whatever was
+raised. At most one credit is offered per installation. Under ``on_error =
+"raise"`` every outcome that credits 0 raises one line (after the agreement, so
+every rank raises), except ``enabled = false``.
 """
 
 from __future__ import annotations
@@ -45,8 +38,7 @@ class Request:
     """What a caller checked: everything the core reads, and nothing of the caller's object.
 
     ``tensors`` is called once and its mapping dropped once the choice is
-    installed, so the core never keeps the caller's mapping alive. ``add``
-    ``None``: a program keeps the report (no KV budget to grow).
+    installed. ``add`` ``None``: a program keeps the report.
     """
 
     device: torch.device
@@ -65,7 +57,6 @@ def guarded(
     """Run ``body``; never raises an ``Exception`` but :class:`L2EvictError` (``on_error``).
 
     The one exit: whatever ``body`` did or raised, the start-up settles here.
-    An internal fault becomes ``internal``'s 0-byte report with its reason.
     """
     report = startup.report
     escaped = True

@@ -1,12 +1,8 @@
 """The start-up's promise for programs that are not flare hosts: :func:`evicting_from`.
 
-A script that runs b12x's races itself (a benchmark, a vLLM fork's warm-up)
-names the tensors whose memory stays resident; inside the ``with`` block the
-races read those instead of allocating a buffer per race job. The block
-checks its arguments once, in its own words, and runs the start-up's core
-(:mod:`._core`) directly: the same decision, the same installation, the same
-one-line fallbacks. The report is returned instead of offered to a KV
-allocator, and every line names the block's arguments.
+It checks its arguments once, in its own words, and runs the start-up's core
+(:mod:`._core`): the report is returned, not offered, and every line names the
+block's arguments.
 """
 
 from __future__ import annotations
@@ -137,8 +133,7 @@ def _orphaned(startup: Startup) -> None:
 class _Block:
     """One ``evicting_from`` block: its checked arguments, then its start-up (see its docs).
 
-    It holds the program's mapping only until the core has read it: from
-    then on only the storages the races read stay referenced, and a tensor
+    The program's mapping is held only until the core has read it, so a tensor
     nothing but the block held is not credited.
     """
 
@@ -241,21 +236,16 @@ def evicting_from(
 ) -> AbstractContextManager[ReclaimReport]:
     """Inside the block, b12x's races evict L2 by reading ``tensors``; yields the report.
 
-    ``tensors`` maps names to tensors that stay resident (and unwritten
-    while races run) for the whole block; the block references only what the
-    races read, and a tensor nothing but the block holds is not credited.
-    ``race_jobs`` is how many b12x race jobs the program holds at once (one
-    stock buffer each); ``device`` defaults to the first tensor's;
-    ``l2_cache_bytes`` ``None`` reads the CUDA device's. ``window``,
-    ``exclude`` and ``on_error`` are the plugin's settings of the same names.
+    ``tensors`` stay resident (and unwritten while races run) for the whole block;
+    ``race_jobs`` is how many race jobs the program holds at once; ``device``
+    defaults to the first tensor's; ``l2_cache_bytes`` ``None`` reads the CUDA
+    device's; ``window``, ``exclude`` and ``on_error`` are the plugin's settings.
 
-    Invariants: the report's ``reclaimed_bytes`` is what the block's races
-    will not allocate (0, with the reason, when it falls back: then stock
-    b12x runs unchanged); on exit, exceptions included, stock b12x is back
-    and nothing references the tensors. Under ``on_error = "fallback"`` it
-    never raises on entry, and every line it logs names its own arguments.
-    While another start-up (a flare host's, or another block) is active in
-    the process, it reports 0 and changes nothing.
+    Invariants: ``reclaimed_bytes`` is what the block's races will not allocate (0,
+    with the reason, when it falls back to stock b12x); on exit, exceptions
+    included, stock b12x is back and nothing references the tensors. Under
+    ``on_error = "fallback"`` it never raises on entry. While another start-up is
+    active in the process, it reports 0 and changes nothing.
     """
     arguments = {
         "race_jobs": race_jobs,

@@ -690,7 +690,7 @@ def test_a_restore_during_the_hook_never_leaves_a_credit_unbacked_or_the_seam_pa
     from flare_l2evict._install import Installation
     from flare_l2evict._lifecycle import Process
 
-    function = {
+    function: Callable[..., Any] = {  # type: ignore[assignment]
         "core.start": _core.start,
         "Installation.offer": Installation.offer,
         "Process.install": Process.install,
