@@ -89,7 +89,7 @@ def start(
     kept = made is not None and made.kept(agreed.reclaimed_bytes, current)
     if made is not None and not kept and local.credit.nbytes and agreed.reclaimed_bytes:
         agreed = Agreement(
-            0, agreed.fallback_ranks, f"{made.words.ends} or restore() ran during the hook"
+            0, agreed.fallback_ranks, f"{made.words.ends} ran during the hook, or restore() did"
         )
     report = report_of(where, local, agreed, made if kept else None, clock.total())
     if made is None or not kept or request is None:
@@ -161,7 +161,8 @@ def _offer(
                 "reclaimed_bytes": 0,
                 "mechanism": "none",
                 "reason": (
-                    f"{installation.words.ends} or restore() ran during {installation.words.began}"
+                    f"{installation.words.ends} ran during {installation.words.began}, "
+                    "or restore() did"
                 ),
             }
         )
