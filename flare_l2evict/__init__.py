@@ -1,18 +1,10 @@
 """flare-l2evict: b12x start-up races evict L2 by reading resident weights.
 
-The public names are the host contract and what a host or operator calls:
-the hook spec and runtime protocol (:mod:`flare_l2evict.hookspecs`, with the
-markers), the reports (:class:`ReclaimReport`, :class:`StartupAudit`), the
-errors, the settings, :func:`restore` and :func:`evicting_from` (for programs
-that are not flare hosts). :mod:`flare_l2evict.plugin` is the
-``flare.plugins`` entry point; :mod:`flare_l2evict.tools` holds the CLI.
-Everything else is private (``flare_l2evict._*``) and may change in any release.
-
-Names are imported on first use, so ``import flare_l2evict`` (and the CLI's
-``--help``) does not pay for torch until something needs it. ``_EXPORTS`` is
-the one list of public names; the ``TYPE_CHECKING`` block mirrors it for type
-checkers (``name as name``: an explicit re-export, which strict checkers need),
-and a test holds the two equal.
+The public names are those of ``_EXPORTS`` (everything ``_*`` is private and
+may change in any release). They are imported on first use, so ``import
+flare_l2evict`` (and the CLI's ``--help``) does not pay for torch; the
+``TYPE_CHECKING`` block mirrors ``_EXPORTS`` (``name as name``: an explicit
+re-export, which strict checkers need), and a test holds the two equal.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Tensor-parallel agreement: every rank hands the KV allocator the same figure.
 
-Who waits, and for how long: each rank of the group writes its vote (figure,
-reason, settings digest) once into torch.distributed's default store, then
-waits at most :data:`AGREE_TIMEOUT_S` for the others' votes. A rank whose
-``process_group`` is ``None`` or not a group cannot name the group, so it votes
-into the default group's (every rank's) slot and does not wait: where the
-tensor-parallel group is the whole job, the others read its vote at once. A
-vote still missing when a rank's wait ends is written by that rank as "late"
-(each slot is written once: ``compare_set`` from empty), so every rank reads
-the same votes, credits 0 and names the late rank; a late rank finds its slot
-taken and credits 0 too. No rank waits longer than :data:`AGREE_TIMEOUT_S`.
+Each rank writes its vote (figure, reason, settings digest) once into the
+default store (``compare_set`` from empty) and waits at most
+:data:`AGREE_TIMEOUT_S` for the others'. A vote still missing when a wait ends
+is written as "late" by the rank that waited, so every rank reads the same
+votes and credits 0. A rank without a usable ``process_group`` votes into the
+default group's slot and does not wait.
 """
 
 from __future__ import annotations
@@ -51,10 +47,8 @@ AGREE_TIMEOUT_S = 120.0
 """Seconds a rank waits for the other ranks' votes; then the missing ones are voted out (0)."""
 
 _ROUNDS = itertools.count()
-"""Agreements this process has made: every rank of a job calls :func:`agree` once per
-start-up, so the n-th call is the same start-up on every rank, and its votes have their own
-keys. A start-up of one rank with no group (a program's
-:func:`~flare_l2evict.evicting_from`) does not call it, so it does not move the count."""
+"""Agreements made: every rank calls :func:`agree` once per start-up (a lone rank with no
+group does not), so the n-th call is the same start-up on every rank, with keys of its own."""
 _LATE = "late"
 _PREFIX = "flare_l2evict/agree"
 
@@ -72,15 +66,10 @@ def agree(
 ) -> Agreement:
     """The minimum reclaimed bytes over the ranks of ``group``; the same on every rank.
 
-    Every rank must call this exactly once per start-up, whatever happened to
-    it before, so that nobody waits on a rank that gave up: callers reach it
-    with a zero outcome after a fault rather than skipping it. Each rank's
-    figure, reason and settings digest are exchanged through the default
-    store with a wait of at most :data:`AGREE_TIMEOUT_S` (module docstring:
-    who waits and how long); the minimum is taken locally and is identical
-    everywhere. Ranks whose settings differ, or that miss the wait, make the
-    agreed figure 0 and are named. Without a usable group (or a group of
-    one), the rank's own figure stands.
+    Every rank must call this exactly once per start-up, whatever happened to it
+    before (a fault reaches it with a zero outcome), so nobody waits on a rank
+    that gave up. Ranks whose settings differ, or that miss the wait, make the
+    agreed figure 0 and are named.
     """
     number = next(_ROUNDS)
     alone = Agreement(outcome.reclaimed_bytes, {}, outcome.reason)

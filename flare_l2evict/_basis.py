@@ -1,8 +1,4 @@
-"""The byte figures one device's credit rests on: L2, the window, stock's real per-job buffer.
-
-:func:`measure_basis` takes plain arguments, so the runtime's start-up, the
-``check`` tool and :func:`~flare_l2evict.evicting_from` compose the same step.
-"""
+"""The byte figures one device's credit rests on: L2, the window, stock's real per-job buffer."""
 
 from __future__ import annotations
 
@@ -25,11 +21,8 @@ if TYPE_CHECKING:
 class CreditBasis:
     """The byte figures of this device that the credit rests on, and the seam they came from.
 
-    ``stock`` is measured once, through the proven seam on CUDA, and used by
-    both the credit and the installation. Fork-or-stock is asked once, here:
-    exactly one of ``fork`` (the fork's API; its buffer is the table's
-    formula) and ``proof`` (the stock seam proven) is set. ``race_jobs`` is
-    the host's count of race jobs held at once (what the credit multiplies).
+    Fork-or-stock is asked once, here: exactly one of ``fork`` and ``proof`` is
+    set. ``stock`` is measured once and used by both credit and installation.
     """
 
     l2_cache_bytes: int
@@ -48,10 +41,7 @@ def measure_basis(
 ) -> CreditBasis:
     """L2, window and stock's real per-job buffer on ``device``.
 
-    ``l2_cache_bytes`` ``None`` reads it from the CUDA device. On CUDA stock's
-    buffer is measured through the proven seam (allocated once, then freed);
-    elsewhere it is the table's formula. Raises
-    :class:`~flare_l2evict.InstallError` when b12x fails the proof and the
+    Raises :class:`~flare_l2evict.InstallError` when b12x fails the proof and the
     fork's API is absent.
     """
     l2 = device_l2_bytes(device) if l2_cache_bytes is None else l2_cache_bytes

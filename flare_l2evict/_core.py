@@ -1,18 +1,11 @@
 """The start-up's core, shared by hosts and programs: basis, choice, install, agree, report, offer.
 
-A caller (the host reader, :mod:`._startup`, or a program's block,
-:mod:`._evicting`) checks its own inputs into a :class:`Request` and runs
-:func:`guarded`. The promises the KV allocator relies on:
-
-* one exit: :func:`guarded` has one ``try``/``finally``, in the manner of
-  pluggy's ``_multicall``; there the start-up settles
-  (:meth:`~._lifecycle.Process.settle`): its installation stays if and only
-  if :meth:`~._install.Installation.offer` recorded its credit, whatever was
-  raised before (``BaseException`` included, which still propagates);
-* at most one credit is offered per installation, across all allocators;
-* under ``on_error = "raise"`` every outcome that credits 0 raises one line
-  (after the tensor-parallel agreement, so every rank raises), except
-  ``enabled = false``.
+A caller (:mod:`._startup` for hosts, :mod:`._evicting` for programs) checks its
+inputs into a :class:`Request` and runs :func:`guarded`, whose one
+``try``/``finally`` (pluggy's ``_multicall``) settles the start-up whatever was
+raised. At most one credit is offered per installation. Under ``on_error =
+"raise"`` every outcome that credits 0 raises one line (after the agreement, so
+every rank raises), except ``enabled = false``.
 """
 
 from __future__ import annotations
@@ -45,8 +38,7 @@ class Request:
     """What a caller checked: everything the core reads, and nothing of the caller's object.
 
     ``tensors`` is called once and its mapping dropped once the choice is
-    installed, so the core never keeps the caller's mapping alive. ``add``
-    ``None``: a program keeps the report (no KV budget to grow).
+    installed. ``add`` ``None``: a program keeps the report.
     """
 
     device: torch.device
@@ -65,7 +57,6 @@ def guarded(
     """Run ``body``; never raises an ``Exception`` but :class:`L2EvictError` (``on_error``).
 
     The one exit: whatever ``body`` did or raised, the start-up settles here.
-    An internal fault becomes ``internal``'s 0-byte report with its reason.
     """
     report = startup.report
     escaped = True
@@ -97,7 +88,9 @@ def start(
     current = PROCESS.current(startup)
     kept = made is not None and made.kept(agreed.reclaimed_bytes, current)
     if made is not None and not kept and local.credit.nbytes and agreed.reclaimed_bytes:
-        agreed = Agreement(0, agreed.fallback_ranks, f"{made.words.ends} ran during the hook")
+        agreed = Agreement(
+            0, agreed.fallback_ranks, f"{made.words.ends} ran during the hook, or restore() did"
+        )
     report = report_of(where, local, agreed, made if kept else None, clock.total())
     if made is None or not kept or request is None:
         return _fell_back(startup, report, local)
@@ -167,7 +160,10 @@ def _offer(
             update={
                 "reclaimed_bytes": 0,
                 "mechanism": "none",
-                "reason": f"{installation.words.ends} ran during {installation.words.began}",
+                "reason": (
+                    f"{installation.words.ends} ran during {installation.words.began}, "
+                    "or restore() did"
+                ),
             }
         )
         return _fell_back(startup, report, local)
@@ -177,10 +173,14 @@ def _offer(
 
 
 def _fell_back(startup: Startup, report: ReclaimReport, local: Local) -> ReclaimReport:
-    """Stock b12x kept: one WARNING line; under ``on_error = "raise"`` the same line raised."""
+    """Stock b12x kept: one WARNING line; under ``on_error = "raise"`` the same line raised.
+
+    ``enabled = false`` is the operator's choice, not a fault: its line is INFO.
+    """
     startup.report = report
-    say(log, logging.WARNING, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
     disabled = local.settings is not None and not local.settings.enabled
+    level = logging.INFO if disabled else logging.WARNING
+    say(log, level, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
     if local.raising and not disabled:
         raise L2EvictError(
             f"l2evict failed and on_error = 'raise': {report.reason}"

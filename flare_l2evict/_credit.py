@@ -14,18 +14,9 @@ _ALLOCATOR_GRANULE = 512  # allocation granularity of torch's CUDA caching alloc
 EVICTION_OUTPUT_BYTES = (
     -(-OUTPUT_ROWS * WORD // _ALLOCATOR_GRANULE) * _ALLOCATOR_GRANULE + _ALLOCATOR_GRANULE
 )
-"""Device bytes one eviction holds for its outputs (partial sums and a scalar, in allocator blocks).
-
-They are what the eviction holds in torch's allocator, in place of stock's buffers.
-"""
+"""Device bytes one eviction holds for its outputs, in allocator blocks."""
 READ_KERNEL_BYTES = 2 << 20
-"""Device memory charged for the read kernel's code: one 2 MiB driver page.
-
-Loading a kernel module takes device memory outside torch's allocator; the GPU
-test measures the Triton read's load with ``cudaMemGetInfo`` and checks it
-stays within this. Charged whichever kernel runs (torch's reduction is loaded
-lazily too), so the credit does not depend on whether Triton loaded.
-"""
+"""Device memory charged for the read kernel's code: one 2 MiB driver page."""
 CREDIT_OVERHEAD_BYTES = EVICTION_OUTPUT_BYTES + READ_KERNEL_BYTES
 """What the credit subtracts, once per process: the eviction's outputs and its kernel's code."""
 
@@ -59,7 +50,7 @@ def credit(
       a lower bound of what the races stop allocating.
 
     ``stock_buffer_bytes`` must be what stock b12x really allocates per job
-    on this device (:func:`~flare_l2evict.measure_stock_buffer`).
+    on this device (:func:`~._b12x.proof.measure_stock_buffer`).
     """
     if not installable:
         return Credit(0, "nothing installed")

@@ -1,17 +1,9 @@
 """The start-up choice, torch-free: which bytes the eviction reads.
 
-Start-up (:func:`~._weights.storages_of` converts torch storages) and ``plan``
-(safetensors headers, through ``tools/_plan_decision.decide``) both call
-:func:`choose_regions`, so what the tools print is what start-up does, by
-construction. The steps: storages by address range -> eligible -> largest first
--> bytes read.
-
-Storages are identified by their address range ``[start, start + nbytes)``, not by
-the objects that hold them: two storage objects over one allocation (storage
-slices, one external buffer wrapped twice) are the same bytes. Chosen ranges
-that overlap are merged into one *region* whose bytes count once, and the
-eviction reads each byte at most once, so a window of N bytes always displaces
-N distinct bytes of L2.
+Start-up and ``plan`` both call :func:`choose_regions`, so what the tools print
+is what start-up does. Storages are identified by address range: chosen ranges
+that overlap merge into one region whose bytes count once, so a window of N
+bytes always displaces N distinct bytes of L2.
 """
 
 from __future__ import annotations
@@ -59,15 +51,8 @@ class Column(Protocol[_T_co]):
 class Storages:
     """What a caller knows of the resident tensors: one entry per tensor, in columns.
 
-    ``sizes[i]`` and ``starts[i]`` are the byte size and address of the storage
-    behind tensor ``names[i]`` (a device address at start-up; a made-up,
-    non-overlapping one in ``plan``, where each tensor is its own storage).
-    ``skips[i]`` is why that storage cannot be read at all (``"other device"``,
-    ``"meta"``, ``"no storage"``, ``"borrowed"``: memory the storage does not
-    own) or ``None``; ``skips=None`` means none is
-    skipped. ``starts`` and ``skips`` are only asked for the largest storages
-    (and excluded names), so a caller may compute them on demand: columns, not
-    objects, because a checkpoint has 100,000 tensors.
+    ``starts`` and ``skips`` (why a storage is never read, or ``None``) are asked
+    only of the largest storages, so they may be computed on demand.
     """
 
     names: Sequence[str]
@@ -78,12 +63,7 @@ class Storages:
 
 @dataclass(frozen=True)
 class Piece:
-    """Bytes the eviction reads from one storage: ``[offset, offset + nbytes)`` of it.
-
-    ``owner`` is the index (into :class:`Storages`) of a tensor whose storage
-    holds these bytes. ``offset`` and ``nbytes`` are whole float32 words, and the
-    piece's address is word-aligned.
-    """
+    """Bytes the eviction reads from one storage: ``[offset, offset + nbytes)`` of it."""
 
     owner: int
     offset: int
@@ -92,12 +72,7 @@ class Piece:
 
 @dataclass(frozen=True)
 class Region:
-    """One region (chosen storages that overlap in memory, merged) the eviction reads.
-
-    ``name`` is the first name, in sort order, of the region's largest storage;
-    ``storage_bytes`` the region's distinct bytes; ``pieces`` what is read from
-    it, in address order, taken from the region's end.
-    """
+    """One region (chosen storages that overlap in memory, merged) the eviction reads."""
 
     name: str
     storage_bytes: int
@@ -147,13 +122,8 @@ class _OpenRegion:
 class _Union:
     """The chosen storages' address ranges, merged into disjoint regions kept in address order.
 
-    The regions sit in buckets of at most ``2 * _LOAD`` (a sorted list of sorted
-    lists), so adding a range costs two binary searches, the regions it
-    touches and at most one bucket's shift, whatever the order ranges come in:
-    a million storages whose names sort opposite to their addresses stay
-    near-linear. A merge keeps the touching region with the most pieces and
-    moves the others' pieces into it, so overlapping slices of one buffer
-    cost O(n log n) in all, not O(n^2).
+    Buckets of at most ``2 * _LOAD`` regions keep an add near-linear in any order;
+    a merge keeps the region with the most pieces, so overlaps cost O(n log n).
     """
 
     _LOAD = 512
@@ -282,11 +252,9 @@ def choose_regions(
 ) -> RegionChoice:
     """The storages whose tail the eviction reads, largest first, until the window is covered.
 
-    Skipped storages (``storages.skips``), empty ones, storages that start off
-    a float32 boundary, and every storage that overlaps one viewed by a tensor
-    matching an ``exclude`` glob are never read. Ties in size go to the name
-    that sorts first (then the lower address), so the same tensors give the same
-    choice in any order. ``where`` names the device in the shortfall line.
+    Skipped, empty and misaligned storages, and any overlapping an ``exclude`` match,
+    are never read. Ties go to the name that sorts first (then the lower address),
+    so the same tensors give the same choice in any order.
     """
     if window_bytes <= 0:
         raise ValueError("window_bytes must be positive")
@@ -403,11 +371,7 @@ class _Gather:
 def _tails(
     regions: list[_OpenRegion], starts: Column[int], window_words: int
 ) -> tuple[list[Region], int]:
-    """Each region's tail, largest region first, until ``window_words`` bytes; the piece count.
-
-    Stops one region past :data:`MAX_PIECES` pieces, so a caller sees the count
-    exceed it without the walk growing with the number of storages.
-    """
+    """Each region's tail, largest region first, until ``window_words`` bytes; the piece count."""
     chosen: list[Region] = []
     remaining = window_words
     pieces = 0
@@ -444,12 +408,7 @@ def _excluded_ranges(storages: Storages, pattern: re.Pattern[str] | None) -> lis
 
 
 def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: str) -> str:
-    """The one line saying why the eligible storages cannot cover the window.
-
-    One pass over every tensor and one sort of the eligible ranges: the same
-    line, and the same cost, whether the choice tried every storage or saw at
-    once that all of them together are too few bytes.
-    """
+    """The one line saying why the eligible storages cannot cover the window."""
     counts = dict.fromkeys(SKIP_REASONS, 0)
     named: dict[str, list[str]] = {"borrowed": [], "file-mapped": []}
     skips, starts = storages.skips, storages.starts
@@ -510,13 +469,7 @@ def _borrowed_fix(why: str, names: list[str], count: int) -> str:
 
 
 class _SameSize:
-    """Indices of the tensors whose storage has a given size.
-
-    Views of one storage report the same storage size, so every view of a
-    candidate is among them. The first few sizes are found with C-level
-    passes (``list.index`` for a few views, ``compress`` over ``size.__eq__``
-    for many); past that one grouping pass serves the rest.
-    """
+    """Indices of the tensors whose storage has a given size."""
 
     _SCANS = 8
     _FEW = 16

@@ -6,8 +6,8 @@ from __future__ import annotations
 class L2EvictError(Exception):
     """Base of every error this package raises on purpose.
 
-    ``str(error)`` is a single line that names the cause and the fix; the CLI
-    prints it as ``error: <message>`` and exits 2, with no traceback.
+    ``str(error)`` is one line naming the cause and the fix; the CLI prints it as
+    ``error: <message>`` and exits 2, with no traceback.
     """
 
 

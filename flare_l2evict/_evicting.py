@@ -1,18 +1,15 @@
 """The start-up's promise for programs that are not flare hosts: :func:`evicting_from`.
 
-A script that runs b12x's races itself (a benchmark, a vLLM fork's warm-up)
-names the tensors whose memory stays resident; inside the ``with`` block the
-races read those instead of allocating a buffer per race job. The block
-checks its arguments once, in its own words, and runs the start-up's core
-(:mod:`._core`) directly: the same decision, the same installation, the same
-one-line fallbacks. The report is returned instead of offered to a KV
-allocator, and every line names the block's arguments.
+It checks its arguments once, in its own words, and runs the start-up's core
+(:mod:`._core`): the report is returned, not offered, and every line names the
+block's arguments.
 """
 
 from __future__ import annotations
 
 import logging
 import types
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,7 +18,7 @@ from pydantic import ValidationError
 
 from . import _core, _startup
 from ._errors import L2EvictError
-from ._lifecycle import PROCESS, Startup
+from ._lifecycle import PROCESS, Startup, ensure_ended
 from ._log import say
 from ._outcome import Clock, Local, reason_of
 from ._report import PROGRAM, ReclaimReport
@@ -127,11 +124,16 @@ def _refused(problem: str, raising: bool) -> ReclaimReport:
     return report
 
 
+def _orphaned(startup: Startup) -> None:
+    """A block gone with its start-up still active (its exit was cut short): end that start-up."""
+    if PROCESS.current(startup) and startup.report is not None:
+        _startup.finish(startup.report)
+
+
 class _Block:
     """One ``evicting_from`` block: its checked arguments, then its start-up (see its docs).
 
-    It holds the program's mapping only until the core has read it: from
-    then on only the storages the races read stay referenced, and a tensor
+    The program's mapping is held only until the core has read it, so a tensor
     nothing but the block held is not credited.
     """
 
@@ -165,6 +167,9 @@ class _Block:
                 raising,
             )
         self._startup = startup
+        # An exception at the very entry of __exit__ (a signal handler's) runs none of
+        # its lines; the with statement then drops the block, and this ends its start-up.
+        weakref.finalize(self, _orphaned, startup)
         where = Placement(str(request.device), 0, 1, None)
         local = Local(settings=settings, raising=settings.on_error == "raise")
 
@@ -209,10 +214,14 @@ class _Block:
         error: BaseException | None,
         trace: types.TracebackType | None,
     ) -> None:
-        self._tensors = None
-        startup, self._startup = self._startup, None
-        if startup is not None:
-            _startup.finish(self)
+        try:
+            self._tensors = None
+            if self._startup is not None:
+                _startup.finish(self)
+        finally:  # an exception above (a signal handler's) still ends the block's start-up
+            if self._startup is not None:
+                self._startup = None
+                ensure_ended(self, False)
 
 
 def evicting_from(
@@ -227,21 +236,16 @@ def evicting_from(
 ) -> AbstractContextManager[ReclaimReport]:
     """Inside the block, b12x's races evict L2 by reading ``tensors``; yields the report.
 
-    ``tensors`` maps names to tensors that stay resident (and unwritten
-    while races run) for the whole block; the block references only what the
-    races read, and a tensor nothing but the block holds is not credited.
-    ``race_jobs`` is how many b12x race jobs the program holds at once (one
-    stock buffer each); ``device`` defaults to the first tensor's;
-    ``l2_cache_bytes`` ``None`` reads the CUDA device's. ``window``,
-    ``exclude`` and ``on_error`` are the plugin's settings of the same names.
+    ``tensors`` stay resident (and unwritten while races run) for the whole block;
+    ``race_jobs`` is how many race jobs the program holds at once; ``device``
+    defaults to the first tensor's; ``l2_cache_bytes`` ``None`` reads the CUDA
+    device's; ``window``, ``exclude`` and ``on_error`` are the plugin's settings.
 
-    Invariants: the report's ``reclaimed_bytes`` is what the block's races
-    will not allocate (0, with the reason, when it falls back: then stock
-    b12x runs unchanged); on exit, exceptions included, stock b12x is back
-    and nothing references the tensors. Under ``on_error = "fallback"`` it
-    never raises on entry, and every line it logs names its own arguments.
-    While another start-up (a flare host's, or another block) is active in
-    the process, it reports 0 and changes nothing.
+    Invariants: ``reclaimed_bytes`` is what the block's races will not allocate (0,
+    with the reason, when it falls back to stock b12x); on exit, exceptions
+    included, stock b12x is back and nothing references the tensors. Under
+    ``on_error = "fallback"`` it never raises on entry. While another start-up is
+    active in the process, it reports 0 and changes nothing.
     """
     arguments = {
         "race_jobs": race_jobs,

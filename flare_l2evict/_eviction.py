@@ -31,10 +31,7 @@ _use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count"
 
 
 def _lone_refs() -> int:
-    """The Python count of a storage object held by one list slot, read as ``_unheld_slot`` does.
-
-    Torch may keep a reference of its own: measured here, not assumed.
-    """
+    """The Python count of a storage object held by one list slot, read as ``_unheld_slot`` does."""
     tensor = torch.empty(1)
     storages = [tensor.untyped_storage()]
     return sys.getrefcount(storages[0])
@@ -55,10 +52,8 @@ _LONE_TENSOR_REFS = _lone_tensor_refs()
 def triton_started() -> bool:
     """Whether this process has already paid Triton's start (import, and hashing its sources).
 
-    A fresh process pays about 0.7 s for its first Triton launch (0.2 s import,
-    0.45 s ``triton_key``), even with the kernel on disk; a host that runs Triton
-    kernels has paid it before the hook. Importing Triton alone (b12x's guard
-    does) is not enough: ``triton_key`` must have been computed.
+    A fresh process pays about 0.7 s for its first Triton launch, even with the
+    kernel on disk; importing Triton alone is not enough (``triton_key`` must have run).
     """
     if "triton" not in sys.modules:
         return False
@@ -73,10 +68,9 @@ def triton_started() -> bool:
 
 
 def _plain(tensor: torch.Tensor) -> bool:
-    """Whether reading the tensor's address runs no code of the host's (no ``__torch_function__``).
+    """Whether reading the tensor's address runs no host code (no ``__torch_function__``).
 
-    A subclass with its own ``__torch_function__`` would run host code before
-    every read; such tensors are checked through their storage only.
+    Other tensors are checked through their storage only.
     """
     kind = type(tensor)
     if kind is torch.Tensor:
@@ -93,38 +87,25 @@ class WeightEviction:
 
     Invariants a caller relies on:
 
-    * a call allocates no memory and does not synchronise with the host, so it
-      can sit before every timed sample and be captured in a CUDA graph;
-    * the only memory written is a small float32 output (``OUTPUT_ROWS``
-      partial sums and one scalar) owned by this object, so calls from several
-      race jobs may interleave;
-    * everything it keeps is made outside inference mode, so races run outside
-      it work even when the hook ran inside ``torch.inference_mode()``;
-    * the read is the Triton kernel of :mod:`._read_kernel` when ``kernel`` is
-      ``"triton"``, or ``"auto"`` and the process already runs Triton
-      (:func:`triton_started`); it is compiled and run once here, in the hook,
-      before any race. Otherwise, or where Triton cannot load, it is torch's
-      row reduction; :attr:`kernel` says which and :attr:`kernel_note` why;
-    * the reads are the choice's pieces: ``window_bytes`` (rounded down to
-      whole float32 words) of distinct bytes, from the end of each region;
-    * while installed it holds the storages it reads (each owns its memory:
-      :func:`~._weights.storages_of` refuses borrowed ones), so they cannot be
-      freed underneath it; :meth:`release` drops them;
-    * before every read it checks, in a few C calls per piece, that each
-      storage still has the address and at least the bytes it had at the hook,
-      and that each host tensor a piece was chosen through still starts where
-      it did. A storage freed, grown or moved (``resize_``, ``share_memory_``)
-      or a tensor re-pointed (``set_``, ``param.data = ...``, an offload), or a
-      storage that nothing but this object still holds (:meth:`unheld`), makes
-      this and every later call run ``fallback`` instead: stock b12x's own
-      eviction, allocated then, with one WARNING line; :attr:`fell_back_reason`
-      says why, for the audit. A call after :meth:`release` does the same;
-    * it keeps no weak reference to a host tensor (``torch.utils.swap_tensors``
-      refuses a tensor that has one): host tensors are held strongly until
-      :meth:`release`, and one that only this object still holds counts as
-      this object's own. A free, on any thread, that lands before a read's
-      check falls back; one between the check and the read is outside the
-      host contract (``resident_tensors()`` stay allocated until ``until``).
+    * a call allocates nothing and never synchronises, so it can sit before every
+      timed sample and be captured in a CUDA graph; it writes only its own small
+      float32 output, so calls from several race jobs may interleave;
+    * what it keeps is made outside inference mode (races outside it work);
+    * it reads ``window_bytes`` (in whole float32 words) of distinct bytes, from
+      the end of each region, with the Triton read of :mod:`._read_kernel` (asked
+      for, or ``"auto"`` in a process that already runs Triton; compiled and run
+      once here) or else torch's reduction: :attr:`kernel` says which, and
+      :attr:`kernel_note` why;
+    * it holds the storages it reads (each owns its memory) until :meth:`release`,
+      and host tensors strongly, never by weak reference
+      (``torch.utils.swap_tensors`` refuses a tensor that has one);
+    * before every read it checks, in a few C calls per piece, that each storage
+      keeps its address and bytes, each host tensor still starts where it did,
+      and something besides this object holds each storage (:meth:`unheld`).
+      Otherwise (or after :meth:`release`) this and every later call run
+      ``fallback``, stock's own eviction, with one WARNING line;
+      :attr:`fell_back_reason` says why. A free between the check and the read
+      is outside the host contract (weights stay allocated until ``until``).
     """
 
     def __init__(
@@ -253,11 +234,8 @@ class WeightEviction:
     def _own_holds(self) -> list[int]:
         """Per storage read, how many of this object's own tensors hold its memory.
 
-        Counted from the tensors themselves (views, reads, Triton's chunks),
-        never as a difference of counts taken while the hook runs: a holder
-        the host makes meanwhile (another thread, a mode that records op
-        outputs) stays the host's, so the host's weights are never taken for
-        the eviction's alone.
+        Counted from the tensors themselves, never as a difference of counts taken
+        while the hook runs: a holder the host makes meanwhile stays the host's.
         """
         if _use_count is None:
             return []
@@ -279,13 +257,7 @@ class WeightEviction:
             yield from (a for a in getattr(launch, "args", ()) if isinstance(a, torch.Tensor))
 
     def _unheld_slot(self) -> int | None:
-        """The first storage read that nothing but this object holds (``None``: none).
-
-        Its memory's holders are this object's tensors (:attr:`_ours`), the
-        storage object, and any of the host's: a tensor (seen in the C++ count)
-        or the storage object itself (seen in its Python count, against
-        :data:`_LONE_REFS`, what this object's one reference gives).
-        """
+        """The first storage read that nothing but this object holds (``None``: none)."""
         if _use_count is None or not self._ours:
             return None
         for slot, ours in enumerate(self._ours):
@@ -309,9 +281,8 @@ class WeightEviction:
     def unheld(self) -> str | None:
         """Why a storage read is held by nothing but this object (``None``: every one is held).
 
-        Such memory is not the host's: ``resident_tensors()`` returned a copy, or
-        the host dropped those weights, and reading it would keep alive bytes
-        the host does not count. Call once the hook holds no host mapping.
+        Such memory is not the host's (a copy was passed, or the weights dropped).
+        Call once the hook holds no host mapping.
         """
         slot = self._unheld_slot()
         if slot is None:
@@ -414,9 +385,8 @@ class WeightEviction:
 class EvictionHandle:
     """What the seam hands one b12x race job: the shared eviction, counted while alive.
 
-    b12x keeps one per job (``PreparationJob._race_eviction``) and drops it when
-    the job's race ends; the installation counts handles alive at once, so the
-    audit can hold ``race_jobs`` to what the races really held together.
+    The installation counts handles alive at once, so the audit can hold
+    ``race_jobs`` to what the races really held together.
     """
 
     __slots__ = ("__weakref__", "eviction")

@@ -1,12 +1,8 @@
 """Install a :class:`WeightEviction` into b12x's start-up races, credit it, offer it, undo it.
 
-An :class:`Installation` is made with the device's :class:`~._basis.CreditBasis`
-and the process that holds it (:class:`Holder`; the process owner,
-:mod:`._lifecycle`, makes it through :func:`make_installation`), and owns,
-from then on, everything about it: the credit (computed once, from what it
-really reads), its policies (:meth:`~Installation.unheld`,
-:meth:`~Installation.kept`), the offer to the KV allocator and its hand-off
-with ``startup_complete``, the audit, and the restore.
+An :class:`Installation` is handed its basis and its process (:class:`Holder`)
+and owns everything about it from then on: the credit, its policies, the offer
+and its hand-off with ``startup_complete``, the audit and the restore.
 """
 
 from __future__ import annotations
@@ -54,18 +50,14 @@ class Installation:
 
     Invariants the KV allocator relies on:
 
-    * :attr:`credit` is computed once, when it is made, from the bytes its
-      eviction really reads and the device's basis; it is 0 unless the
-      eviction reads the whole window;
-    * from the moment :meth:`offer` records the credit, the installation stays
-      until :meth:`end` (``startup_complete``), whatever the allocator does or
-      raises; :meth:`end` during the offer (another thread, or a signal
-      handler on this one) restores once ``add_reclaimed`` has returned;
-    * :meth:`restore` puts stock b12x back and drops every reference to the
-      weights; it is idempotent and safe from any thread, and never raises an
-      ``Exception`` (an undo that raised is kept in :attr:`undo_error`). A
-      restore while the offered credit stands (before :meth:`end`) is audited:
-      the credit is the audit's SHORTFALL;
+    * :attr:`credit` is computed once, from the bytes the eviction really reads;
+      it is 0 unless the whole window is read;
+    * once :meth:`offer` records the credit, the installation stays until
+      :meth:`end` (``startup_complete``), whatever the allocator does; an
+      :meth:`end` during the offer restores once ``add_reclaimed`` returned;
+    * :meth:`restore` is idempotent, safe from any thread and never raises an
+      ``Exception`` (a failed undo is kept in :attr:`undo_error`); a restore while
+      the offered credit stands is the audit's SHORTFALL;
     * :meth:`settle` is the start-up's one decision: kept iff the credit was offered.
     """
 
@@ -88,6 +80,8 @@ class Installation:
         self._process = process
         self._cut_short = False
         self._done = False
+        self.applying = True
+        """b12x is being changed (:meth:`Process.install`): a restore meanwhile is not final."""
         self.device = eviction.device
         self.source_name = eviction.source_name
         self.read_bytes = eviction.read_bytes
@@ -119,29 +113,20 @@ class Installation:
     def unheld(self) -> str | None:
         """Why a storage read is held by nothing but the eviction (``None``: the host holds all).
 
-        Asked once the hook holds no host mapping. A copy made inside
-        ``resident_tensors()`` and kept only by a reference cycle is young:
-        collecting the young generations (microseconds; a full collection can
-        take a second on a server's heap) frees it first, so it is not taken
-        for the host's. One that survives longer is caught at a read once the
-        collector frees it (the audit's FELL BACK and SHORTFALL).
+        Collects the young generations first (microseconds; a full collection can take
+        a second), so a copy kept only by a young reference cycle is not taken for the host's.
         """
         gc.collect(1)
         return self._eviction.unheld()
 
     def kept(self, agreed_bytes: int, current: bool) -> bool:
-        """Whether to offer: it credits, the ranks agreed, and its start-up is still current.
-
-        Ranks race alike: if nothing is credited, nobody reads weights
-        (:meth:`settle` then restores).
-        """
+        """Whether to offer: it credits, the ranks agreed, and its start-up is still current."""
         return not self.restored and agreed_bytes > 0 and current
 
     def settle(self) -> None:
         """The start-up's exit: kept if and only if :meth:`offer` recorded its credit.
 
-        Idempotent, and the one place a start-up restores what it made, so an
-        exception anywhere before it strands nothing.
+        Idempotent, and the one place a start-up restores what it made.
         """
         self.offer_over()
         if self.offered_bytes == 0:
@@ -165,18 +150,19 @@ class Installation:
     ) -> bool:
         """Hand ``report`` to the allocator once, if ``current()``; whether it was handed.
 
-        ``add`` ``None``: a program keeps the report itself; the credit is recorded all the same.
-
-        ``current`` is asked under the process lock, so ``startup_complete``
-        either came before (nothing offered; the caller restores) or comes
-        after, and then waits for ``add_reclaimed`` to return. The credit is
-        recorded before the call: from then on it may have been applied, so
-        the installation stays and the audit holds it to it. What the
-        allocator raised is recorded, then raised again.
+        ``current`` and :attr:`restored` are asked under the process lock, so
+        ``startup_complete`` or ``restore()`` either came before (nothing offered)
+        or waits for ``add_reclaimed`` to return (a ``restore()`` after it is
+        audited). The credit is recorded before the call (it may have been applied
+        from then on, so the installation stays); what the allocator raised is
+        recorded, then raised again.
+        ``add`` ``None``: a program keeps the report; the credit is recorded all the same.
         """
         try:
             with self._process.lock:
-                if not current():
+                # A restore() that came first (a signal handler, another thread) put stock
+                # b12x back: a credit recorded now would stand with nothing backing it.
+                if self.restored or not current():
                     return False
                 self._offer = _Offer(
                     report.reclaimed_bytes, self.basis.race_jobs, self.basis.stock.nbytes, None
@@ -186,7 +172,7 @@ class Installation:
                 _check_returned(add(report))
         except BaseException as raised:
             if self._offer is not None:
-                self._offer = replace(self._offer, allocator_error=_one_line(raised))
+                self._offer = replace(self._offer, allocator_error=described(raised, 500))
             raise
         finally:
             self.offer_over()
@@ -198,7 +184,7 @@ class Installation:
         return None if self._offer is None else self._offer.allocator_error
 
     def offer_over(self) -> None:
-        """The offer has returned (or never began); an :meth:`end` that came meanwhile restores now.
+        """The offer has returned (or never began): an :meth:`end` that came meanwhile restores.
 
         Idempotent: the start-up calls it again from its last guard, so an
         asynchronous exception inside the offer's own cleanup strands nothing.
@@ -229,7 +215,7 @@ class Installation:
         offer = self._offer or _Offer(0, 0, 0, None)
         made = self._counts[key].stock_bytes if key in self._counts else 0
         fell_back = self._eviction.fell_back_reason
-        if self._cut_short:  # the races after restore() made stock buffers the plugin never saw
+        if self._cut_short and offer.nbytes:  # races after restore() made unseen stock buffers
             made = offer.nbytes
             fell_back = (
                 f"flare_l2evict.restore() ran before {self.words.ends}, while the credit "
@@ -259,22 +245,33 @@ class Installation:
             if self._done:
                 return
             if not self.restored:
-                self._cut_short = self._offer is not None and not self._ended
+                # Before the start-up's end: if a credit is (or is being) recorded, the races
+                # after this allocate stock buffers the allocator was promised.
+                self._cut_short = not self._ended
             self.restored = True
         # Resumable: a step is dropped only once it ran, so a restore cut short by an
         # asynchronous exception is finished by the next call (the start-up's exit calls twice).
-        while self._undo:
+        # Mid-patch every step is kept: the change a step undoes may land after it ran, and
+        # the installer's last restore runs them all again (each undo is idempotent).
+        for step in reversed(list(self._undo)) if self.applying else ():
+            self._undo_step(step)
+        while self._undo and not self.applying:
             step = self._undo[-1]
-            try:
-                step()
-            except Exception as error:  # the fork's API refused None: say so, go on
-                self.undo_error = self.undo_error or _one_line(error)
+            self._undo_step(step)
             with self._process.lock:
                 if self._undo and self._undo[-1] is step:
                     self._undo.pop()
         self._eviction.release()
         self._process.release(self)
-        self._done = True
+        # Mid-patch, steps not yet registered are still to come: the installer restores
+        # again once the patch is in place (Process.install).
+        self._done = not self.applying
+
+    def _undo_step(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception as error:  # the fork's API refused None: say so, go on
+            self.undo_error = self.undo_error or described(error, 500)
 
     def __repr__(self) -> str:
         state = "restored" if self.restored else f"reads {self.read_bytes:,} bytes"
@@ -282,23 +279,13 @@ class Installation:
         return f"Installation({self.mechanism}, {name} on {self.device}, {state})"
 
 
-def _one_line(error: BaseException) -> str:
-    return described(error, 500)
-
-
 def make_installation(
     choice: WeightChoice, basis: CreditBasis, process: Holder, words: Words, kernel: Kernel
 ) -> tuple[Installation, Callable[[], None]]:
     """Make b12x's race jobs on ``choice.device`` read the chosen weights, on a measured basis.
 
-    The fork's API, where present, is handed the storage (``None`` undoes);
-    otherwise every seam and binding ``basis.proof`` found is replaced by one
-    function that hands each enabled call on ``choice.device`` an
-    :class:`~flare_l2evict._eviction.EvictionHandle` and defers elsewhere;
-    every call and stock buffer is counted for :meth:`Installation.audit`.
-    Returns the installation, which changes nothing yet, and the step that
-    does: recorded first, each change's undo registered before it is made,
-    an exception anywhere in between strands nothing.
+    Returns the installation, which changes nothing yet, and the step that does;
+    each change's undo is registered before it is made.
     """
     counts: dict[str, Counts] = {}
     alive = Alive(process)
@@ -321,11 +308,7 @@ def make_installation(
 
 
 def _check_returned(returned: object) -> None:
-    """Raise if ``add_reclaimed`` returned an awaitable: its work has not run, may never run.
-
-    A coroutine is closed (it never ran, so nothing was applied); either way
-    the offer is recorded as raised, so the report and the audit say so.
-    """
+    """Raise if ``add_reclaimed`` returned an awaitable: its work has not run, may never run."""
     if not inspect.isawaitable(returned):
         return
     if inspect.iscoroutine(returned):

@@ -1,22 +1,15 @@
 """The one owner of the plugin's process state: the start-up in progress and what is installed.
 
-Like pluggy's ``PluginManager``, one object (:data:`PROCESS`) holds every
-piece of state the plugin keeps between calls; nothing else in the package
-keeps any. Its invariants, which the KV allocator relies on:
+Like pluggy's ``PluginManager``, :data:`PROCESS` holds every piece of state the
+plugin keeps between calls. Its invariants, which the KV allocator relies on:
 
-* at most one start-up per process. It ends only by ``startup_complete``
-  with the runtime that began it, or with the report its
-  ``before_first_capture`` returned (:meth:`Startup.ends_with`); a start-up
-  whose credit stands is never ended by another runtime, by ``None``, or
-  because its runtime object is gone;
-* at most one installation per process (:attr:`Process.installed`), whoever
-  made it; :meth:`Process.hold` refuses a second one;
-* a start-up settles in one place (:meth:`Process.settle`): its installation
-  stays if and only if its credit was offered;
-* the lock is re-entrant, so a signal handler that runs ``startup_complete``
-  on a thread that holds it does not deadlock, and it is made anew in a forked
-  child, so a child forked while another thread held it does not block. It is
-  held only for state changes, never across host code.
+* at most one start-up per process, ended only by ``startup_complete`` with its
+  runtime or its report (:meth:`Startup.ends_with`), never, while its credit
+  stands, by another runtime, by ``None``, or because its runtime is gone;
+* at most one installation per process (:meth:`Process.install` refuses a
+  second), settled in one place (:meth:`Process.settle`);
+* the lock is re-entrant (a signal handler running ``startup_complete`` does
+  not deadlock), made anew in a forked child, and never held across host code.
 """
 
 from __future__ import annotations
@@ -43,9 +36,8 @@ if TYPE_CHECKING:
 class Startup:
     """One start-up: the runtime it belongs to, who runs it, what it installed and reported.
 
-    The runtime is held weakly where it allows it, so a start-up that fell
-    back keeps no host object alive; once that runtime is gone, a start-up
-    whose credit does not stand belongs to whoever ends it.
+    The runtime is held weakly where it allows it, so a start-up that fell back
+    keeps no host object alive.
     """
 
     owner: Callable[[], object]
@@ -110,10 +102,10 @@ class Process:
             return self.startup is startup
 
     def settle(self, startup: Startup, report: ReclaimReport, escaped: bool) -> None:
-        """The hook's one exit: keep the installation iff its credit was offered; record the report.
+        """The hook's one exit: keep the installation iff its credit was offered.
 
-        ``escaped``: an exception leaves the hook. Then a start-up that offered
-        nothing is ended too, so a retry begins anew instead of meeting it.
+        ``escaped``: an exception leaves the hook; a start-up that offered nothing
+        is then ended too, so a retry begins anew.
         """
         made = startup.installation
         if made is not None:
@@ -124,11 +116,9 @@ class Process:
                 self.startup = None
 
     def end(self, runtime: object | None, force: bool = False) -> tuple[Startup | None, str | None]:
-        """End the start-up ``runtime`` ends (:meth:`Startup.ends_with`); why not, when it is not.
+        """End the start-up ``runtime`` ends (:meth:`Startup.ends_with`), or say why not.
 
-        Returns the start-up ended (``None`` when there was none) and, when
-        the call ends no start-up in progress, the one-line reason it changed
-        nothing. ``force`` (:func:`flare_l2evict.plugin.finish`) ends any.
+        ``force`` (:func:`flare_l2evict.plugin.finish`) ends any.
         """
         with self.lock:
             startup = self.startup
@@ -158,11 +148,8 @@ class Process:
     ) -> Installation:
         """Make b12x's races read ``choice`` (:func:`~._install.make_installation`), or refuse.
 
-        While an installation is active, installing again raises
-        :class:`~flare_l2evict.InstallError`; the caller owns exactly what it gets.
-        The installation is recorded (here and on ``startup``, in one step)
-        before b12x is changed, so whatever interrupts the change, its settling
-        finds what to undo.
+        Raises :class:`~flare_l2evict.InstallError` while an installation is active.
+        It is recorded before b12x is changed, so its settling finds what to undo.
         """
         with self.lock:
             if self.installed is not None:
@@ -172,7 +159,14 @@ class Process:
                 )
             made, apply = make_installation(choice, basis, self, words, kernel)
             self.installed = (startup or Startup(lambda: None, 0)).installation = made
-        apply()
+            # Under the lock, so another thread's restore() waits for the whole patch; a
+            # restore() on this thread meanwhile (a signal handler) is finished below.
+            try:
+                apply()
+            finally:
+                made.applying = False
+                if made.restored:
+                    made.restore()
         return made
 
     def release(self, installation: Installation) -> None:
@@ -198,9 +192,7 @@ def install(
 def ensure_ended(runtime: object | None, force: bool) -> None:
     """End what ``startup_complete(runtime)`` ends, and what is installed once no start-up is.
 
-    Idempotent: ``startup_complete`` calls it last, from a ``finally``, so an
-    exception at any of its lines still ends its start-up, with stock b12x
-    back and no reference to the weights.
+    Idempotent: ``startup_complete`` calls it last, from a ``finally``.
     """
     PROCESS.end(runtime, force)
     with PROCESS.lock:
@@ -217,9 +209,8 @@ def active_installation() -> Installation | None:
 def restore() -> None:
     """Put stock b12x back and release the weights, whatever is installed. Idempotent.
 
-    While a start-up's credit stands, the races after this allocate stock
-    buffers the allocator was promised: ``startup_complete``'s audit names
-    the credit as SHORTFALL in its WARNING line.
+    While a start-up's credit stands, later races allocate stock buffers the
+    allocator was promised: ``startup_complete``'s audit names them as SHORTFALL.
     """
     installation = PROCESS.installed
     if installation is not None:

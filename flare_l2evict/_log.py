@@ -8,8 +8,7 @@ import logging
 def say(logger: logging.Logger, level: int, message: str, *args: object) -> None:
     """``logger.log(level, message, *args)``; a handler that raises costs the line, not the hook.
 
-    The plugin's contract is that start-up never fails because of it; a log sink
-    that is down must not turn a credit into an exception after the offer.
+    A log sink that is down must not turn a credit into an exception after the offer.
     """
     try:
         logger.log(level, message, *args)

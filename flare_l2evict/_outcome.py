@@ -1,16 +1,10 @@
-"""What one start-up step hands the next, and the reports made of it (no sequencing here).
-
-:class:`Local` is this rank's outcome before the agreement; :func:`report_of`
-turns it, the agreement and the installation into the :class:`ReclaimReport`
-the allocator is offered; :func:`nothing` is the report of a call that changed
-nothing. :class:`Clock` times the steps for ``ReclaimReport.seconds``.
-"""
+"""What one start-up step hands the next, and the reports made of it (no sequencing here)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -57,16 +51,14 @@ class Clock:
 class Local:
     """What this rank brings to the agreement: its settings, basis and credit.
 
-    ``settings`` is ``None`` when they could not be read; ``raising`` is
-    whether the deployment asked for ``on_error = "raise"`` (read even from a
-    section that failed validation); ``error`` is the fault that made the
-    credit 0, if one did.
+    ``settings`` ``None``: they could not be read; ``raising``: the deployment asked
+    for ``on_error = "raise"`` (read even from an invalid section); ``error``: the
+    fault that made the credit 0.
     """
 
     settings: L2EvictSettings | None = None
     raising: bool = False
     basis: CreditBasis | None = None
-    add: Callable[[ReclaimReport], object] | None = None
     credit: Credit = field(default_factory=lambda: Credit(0, "not started"))
     error: Exception | None = None
 

@@ -1,20 +1,12 @@
 """The eviction's read kernel: a plain Triton read where Triton loads, ``None`` otherwise.
 
-Why a kernel of its own: on an H200, torch's row reductions over a 120 MiB
-window stay at 1.18 to 1.21 x the HBM read floor; this read reaches 1.09 x
-(BENCHMARKS.md, H200). The caller keeps torch's reduction as the fallback.
-
-Invariants the eviction relies on:
-
-* :func:`triton_reads` compiles and runs every launch once before it returns,
-  so nothing is compiled later (b12x's races forbid compilation inside a
-  sample) and a later launch allocates nothing and can be captured in a CUDA
-  graph;
-* each launch only reads its view and writes at most ``len(partial)`` float32
-  partial sums into ``partial``; the values are irrelevant, the reads are the
-  point;
-* a launch covers at most ``_MAX_ELEMENTS`` elements, so 32-bit offsets
-  cannot overflow.
+Why: on an H200 torch's row reductions over a 120 MiB window reach 1.18 to
+1.21 x the HBM read floor, this read 1.09 x (BENCHMARKS.md). Invariants the
+eviction relies on: :func:`triton_reads` compiles and runs every launch before
+it returns (b12x's races forbid compiling inside a sample), so a later launch
+allocates nothing and can be captured in a CUDA graph; a launch only reads its
+view and writes at most ``len(partial)`` float32 sums; it covers at most
+``_MAX_ELEMENTS`` elements, so 32-bit offsets cannot overflow.
 """
 
 from __future__ import annotations
@@ -60,10 +52,9 @@ def _kernel() -> Any:
 def triton_reads(
     views: Sequence[torch.Tensor], partial: torch.Tensor
 ) -> tuple[list[Callable[[], None]] | None, str]:
-    """Warmed launchers that read ``views`` into ``partial``; ``(None, why)`` where Triton cannot.
+    """Warmed launchers reading ``views`` into ``partial``; ``(None, why)`` where Triton cannot.
 
-    ``views`` are 1-d contiguous float32 tensors on one CUDA device, ``partial``
-    a float32 vector on it. Synchronises once (the warm-up), never again.
+    Synchronises once (the warm-up), never again.
     """
     if partial.device.type != "cuda":
         return None, f"{partial.device} is not a CUDA device"

@@ -10,18 +10,17 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validat
 
 @dataclass(frozen=True)
 class Words:
-    """How a line names the caller's side: a host's hooks, or a program's ``with`` block."""
+    """How a line names the caller's side: a host's hooks, or a program's ``with`` block.
+
+    Where the credit began and what ends it; the fix that sets the race jobs
+    (``{}``: the number); what names the resident tensors; where races must run.
+    """
 
     began: str
-    """Where the credit was made: ``before_first_capture``, or the block's entry."""
     ends: str
-    """What ends it: ``startup_complete``, or the block's exit."""
     race_jobs: str
-    """The fix that sets how many race jobs are credited (``{}``: the number)."""
     resident: str
-    """What must name the tensors that stay resident."""
     races: str
-    """Where the races must run for the audit to see them."""
 
 
 HOST = Words(
@@ -141,9 +140,9 @@ class DeviceAudit(BaseModel):
 class StartupAudit(BaseModel):
     """What really happened between ``before_first_capture`` and ``startup_complete``.
 
-    ``shortfall_bytes`` is what stock buffers allocated on the credited device
-    while the credit stood: memory the KV allocator was promised but the races
-    used after all. It is 0 when every eviction was served by the weights.
+    ``shortfall_bytes``: what stock buffers allocated on the credited device while
+    the credit stood (memory promised to the KV allocator); 0 when the weights
+    served every eviction.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -1,9 +1,8 @@
 """Read the host's ``runtime`` once, defensively, against the contract in :mod:`.hookspecs`.
 
-The host's object is code the plugin does not own: any attribute may be a
-property that raises, and ``resident_tensors()`` may return anything. Every
-attribute is read exactly once (:func:`snapshot`), with what reading it raised
-kept as a fact, so no host behaviour escapes the hook's fallback guard.
+Any attribute may be a property that raises: each is read exactly once
+(:func:`snapshot`), what reading it raised kept as a fact, so no host
+behaviour escapes the hook's fallback guard.
 """
 
 from __future__ import annotations
@@ -31,12 +30,7 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Each contract attribute of ``runtime`` as read once: its value, or why it could not be.
-
-    ``values[name]`` is the value (``_MISSING`` when absent); ``errors[name]``
-    is the one-line text of what reading it raised. ``add_reclaimed`` is
-    ``kv_allocator.add_reclaimed``, read once as well (``None`` if unreadable).
-    """
+    """Each contract attribute of ``runtime`` as read once: its value, or why it could not be."""
 
     values: dict[str, object]
     errors: dict[str, str]
@@ -52,8 +46,7 @@ class Snapshot:
 class Placement:
     """Where this process sits, read leniently so even a faulty runtime gets a valid report.
 
-    ``rank``/``world_size`` fall back to 0/1 and ``device`` to the text the
-    host gave when those attributes are missing, raising or out of range; the
+    ``rank``/``world_size`` fall back to 0/1 and ``device`` to the host's text; the
     strict reading is :func:`read_runtime`.
     """
 
@@ -67,12 +60,10 @@ class Placement:
 class RuntimeFacts:
     """The runtime's attributes, checked: what every later step may rely on.
 
-    Invariants: ``device`` is a ``torch.device`` of type ``cpu`` or ``cuda``;
-    ``0 <= rank < world_size``; a ``process_group``, when given, has exactly
-    ``world_size`` ranks with this process at ``rank``; ``race_jobs`` in
-    ``0..MAX_RACE_JOBS``; ``l2_cache_bytes`` is ``None`` (read from the CUDA
-    device later) or in ``1..MAX_L2_BYTES``; ``add_reclaimed`` and
-    ``resident_tensors`` are callable. Nothing here reads the host's object again.
+    Invariants: ``device`` is ``cpu`` or ``cuda``; ``0 <= rank < world_size``; a
+    ``process_group`` has ``world_size`` ranks with this process at ``rank``;
+    ``race_jobs`` in ``0..MAX_RACE_JOBS``; ``l2_cache_bytes`` ``None`` (read from
+    CUDA) or in ``1..MAX_L2_BYTES``; the two callables are callable.
     """
 
     device: torch.device
@@ -86,10 +77,6 @@ class RuntimeFacts:
     resident_tensors: Callable[[], object]
 
 
-def _one_line(error: BaseException) -> str:
-    return described(error, 200)
-
-
 def snapshot(runtime: object) -> Snapshot:
     """Read every contract attribute of ``runtime`` once; never raises an ``Exception``."""
     values: dict[str, object] = {}
@@ -99,14 +86,14 @@ def snapshot(runtime: object) -> Snapshot:
             values[name] = getattr(runtime, name, _MISSING)
         except Exception as error:  # a property of the host's that raises
             values[name] = _MISSING
-            errors[name] = _one_line(error)
+            errors[name] = described(error, 200)
     add: Callable[[Any], object] | None = None
     allocator = values["kv_allocator"]
     if allocator is not _MISSING and allocator is not None:
         try:
             found = getattr(allocator, "add_reclaimed", None)
         except Exception as error:
-            errors["kv_allocator"] = f"reading add_reclaimed raised {_one_line(error)}"
+            errors["kv_allocator"] = f"reading add_reclaimed raised {described(error, 200)}"
         else:
             add = found if callable(found) else None
     return Snapshot(values, errors, add)
@@ -183,9 +170,7 @@ def _described(value: object) -> str:
 def read_runtime(runtime: object | Snapshot) -> RuntimeFacts:
     """The checked runtime, or :class:`RuntimeContractError` naming the first bad attribute.
 
-    The message is one line: the attribute, what it was (or what reading it
-    raised), and what it accepts. ``runtime`` may be a :class:`Snapshot`
-    already taken, so the host's object is read once per hook call.
+    One line: the attribute, what it was (or raised), and what it accepts.
     """
     seen = _Reading(runtime if isinstance(runtime, Snapshot) else snapshot(runtime))
     for name in RUNTIME_ATTRIBUTES:
@@ -193,19 +178,19 @@ def read_runtime(runtime: object | Snapshot) -> RuntimeFacts:
             raise seen.bad(name, "an attribute that can be read")
     device = seen.device()
     rank, world, group = seen.topology()
-    config = seen.value("config")
+    config = seen.snapshot.get("config")
     if config is None:
         config = {}
     if not isinstance(config, Mapping):
         raise seen.bad("config", "the deployment config as a mapping")
-    jobs = whole_number(seen.value("race_jobs"))
+    jobs = whole_number(seen.snapshot.get("race_jobs"))
     if jobs is None or not 0 <= jobs <= MAX_RACE_JOBS:
         raise seen.bad("race_jobs", f"a whole number in 0..{MAX_RACE_JOBS}")
     l2 = seen.l2_cache_bytes(device)
     add = seen.snapshot.add_reclaimed
     if "kv_allocator" in seen.snapshot.errors or add is None:
         raise seen.bad("kv_allocator", "an object with add_reclaimed(report)")
-    tensors = seen.value("resident_tensors")
+    tensors = seen.snapshot.get("resident_tensors")
     if not callable(tensors):
         raise seen.bad("resident_tensors", "a method returning the resident tensors by name")
     return RuntimeFacts(device, rank, world, group, config, jobs, l2, add, tensors)
@@ -229,12 +214,8 @@ class _Reading:
             f"runtime.{name} {got}: the host must pass {accepts} ({_CONTRACT})"
         )
 
-    def value(self, name: str) -> object:
-        found = self.snapshot.values[name]
-        return None if found is _MISSING else found
-
     def device(self) -> torch.device:
-        device = _device(self.value("device"))
+        device = _device(self.snapshot.get("device"))
         if device is None:
             raise self.bad("device", "a torch.device of type cuda (or cpu on the reference host)")
         if device.type == "cuda":
@@ -248,13 +229,13 @@ class _Reading:
 
     def topology(self) -> tuple[int, int, object]:
         """``(rank, world_size, process_group)``, the group checked against both."""
-        world = whole_number(self.value("world_size"))
+        world = whole_number(self.snapshot.get("world_size"))
         if world is None or world < 1:
             raise self.bad("world_size", "a whole number >= 1")
-        rank = whole_number(self.value("rank"))
+        rank = whole_number(self.snapshot.get("rank"))
         if rank is None or not 0 <= rank < world:
             raise self.bad("rank", f"a whole number in 0..{world - 1} (below world_size {world})")
-        group = self.value("process_group")
+        group = self.snapshot.get("process_group")
         if world > 1 and group is None:
             raise self.bad("process_group", "the tensor-parallel process group when world_size > 1")
         if group is not None:
@@ -262,7 +243,7 @@ class _Reading:
         return rank, world, group
 
     def l2_cache_bytes(self, device: torch.device) -> int | None:
-        l2_value = self.value("l2_cache_bytes")
+        l2_value = self.snapshot.get("l2_cache_bytes")
         l2 = None if l2_value is None else whole_number(l2_value)
         if l2_value is not None and (l2 is None or not 0 < l2 <= MAX_L2_BYTES):
             raise self.bad(
@@ -285,7 +266,7 @@ def _check_group(group: object, rank: int, world: int) -> None:
         mine = dist.get_rank(group)  # type: ignore[arg-type]
     except Exception as error:
         raise RuntimeContractError(
-            f"{where} cannot be used ({_one_line(error)}): the host must pass its initialised "
+            f"{where} cannot be used ({described(error, 200)}): the host must pass its initialised "
             f"tensor-parallel group ({_CONTRACT})"
         ) from None
     if size != world or mine != rank:
@@ -297,16 +278,12 @@ def _check_group(group: object, rank: int, world: int) -> None:
 
 
 def read_tensors(facts: RuntimeFacts) -> Mapping[str, torch.Tensor]:
-    """``resident_tensors()``, called once, checked to be a mapping; bounded time whatever it is.
-
-    Raises :class:`RuntimeContractError` naming what came back (or what the
-    call raised) when it is not a mapping of names to tensors.
-    """
+    """``resident_tensors()``, called once, checked to be a mapping; bounded time whatever it is."""
     try:
         found = facts.resident_tensors()
     except Exception as error:
         raise RuntimeContractError(
-            f"runtime.resident_tensors() raised {_one_line(error)}: the host must return the "
+            f"runtime.resident_tensors() raised {described(error, 200)}: the host must return the "
             f"loaded checkpoint tensors by name ({_CONTRACT})"
         ) from None
     try:

@@ -84,8 +84,7 @@ def _parse_size(value: object) -> int | str | None:
 class L2EvictSettings(BaseModel):
     """``[plugins.l2evict]``: every key is optional; unknown keys are errors.
 
-    ``window`` is ``"stock"`` for the bytes stock b12x reads on the device, or
-    a byte count.
+    ``window`` is ``"stock"`` (what stock b12x reads on the device) or a byte count.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -98,8 +97,7 @@ class L2EvictSettings(BaseModel):
     def window_bytes(self, l2_cache_bytes: int) -> int:
         """The bytes each eviction reads on a device with this L2 size.
 
-        ``"stock"`` is what stock b12x reads there: ``max(2 x L2, 64 MiB)`` rounded
-        up to whole float32 words, as its buffer is.
+        ``"stock"``: ``max(2 x L2, 64 MiB)`` in whole float32 words, as stock's buffer.
         """
         return stock_buffer_bytes(l2_cache_bytes) if self.window == "stock" else int(self.window)
 
@@ -152,9 +150,8 @@ def _one_line(error: ValidationError, section: Mapping[str, Any]) -> str:
 def read_section(config: object) -> dict[str, Any]:
     """The ``[plugins.l2evict]`` section, read once into a plain dict; ``{}`` when absent.
 
-    Reading it once means every later step sees the same values, even from a
-    host mapping that answers differently on each read. Raises
-    :class:`ConfigError` when the config or a table on the way is not a table.
+    Read once, so every later step sees the same values, even from a host mapping
+    that answers differently each time. :class:`ConfigError` if a table is not one.
     """
     section: object = {} if config is None else config
     path: list[str] = []
@@ -187,8 +184,8 @@ def settings_from_section(section: Mapping[str, Any]) -> L2EvictSettings:
 def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
     """The validated ``[plugins.l2evict]`` section; defaults when it is absent.
 
-    Raises :class:`ConfigError` with one line naming each bad key and what it
-    accepts. Other sections belong to the host and are not inspected.
+    Raises :class:`ConfigError` in one line naming each bad key and what it accepts.
+    Other sections belong to the host and are not inspected.
     """
     return settings_from_section(read_section(config))
 
@@ -196,11 +193,8 @@ def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
 def load_deployment_config(path: str | Path) -> dict[str, Any]:
     """Read a deployment config: TOML (``.toml``), YAML (``.yaml``/``.yml``) or JSON.
 
-    YAML is read with a :class:`yaml.SafeLoader` that builds no Python
-    objects and refuses anchors and aliases: a 469-byte alias bomb expands
-    to gigabytes, and a self-alias makes a value that contains itself.
-    Raises :class:`ConfigError` naming the file and the problem, in one line
-    whose echoed values are bounded (:func:`~flare_l2evict._text.shown`).
+    YAML anchors and aliases are refused (an alias bomb, a self-alias). Raises
+    :class:`ConfigError` naming the file and the problem in one bounded line.
     """
     path = Path(path)
     where = shown(str(path))
@@ -239,9 +233,8 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
 def _read_config_text(path: Path, where: str) -> str:
     """The config's text, read only once it is known to be a small regular file of a known kind.
 
-    The kind (by suffix), the file type and the size are checked before any
-    byte is read, on the open handle itself, opened without blocking: a FIFO
-    or a device never blocks start-up, and a 3 GB file costs nothing.
+    Checked on the handle, opened without blocking, before any byte is read: a FIFO
+    never blocks start-up, and a 3 GB file costs nothing.
     """
     fd, info = _open_config(path, where)
     with os.fdopen(fd, "rb") as handle:
@@ -323,11 +316,7 @@ def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
 
 
 def _no_alias_loader(yaml: Any, path: Path) -> type:
-    """A :class:`yaml.SafeLoader` that refuses anchors and aliases where the parser meets them.
-
-    Refusing at the first anchor, before any alias is expanded, keeps a
-    billion-laughs document from costing more than reading it.
-    """
+    """A :class:`yaml.SafeLoader` that refuses anchors and aliases where the parser meets them."""
 
     class NoAliasLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml arrives untyped (Any)
         def compose_node(self, parent: object, index: object) -> object:
@@ -348,10 +337,7 @@ def _no_alias_loader(yaml: Any, path: Path) -> type:
 
 
 def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
-    """A JSON or YAML mapping whose keys repeat is refused: the last one would win silently.
-
-    ``on_error: raise`` followed by ``on_error: fallback`` must not quietly read as fallback.
-    """
+    """A JSON or YAML mapping whose keys repeat is refused: the last one would win silently."""
     seen: set[object] = set()
     for key, _ in pairs:
         try:
@@ -371,9 +357,7 @@ def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
 def wants_raise(section: Mapping[str, Any]) -> bool:
     """Whether the section (:func:`read_section`) asks for ``on_error = "raise"``, valid or not.
 
-    An operator who asked for start-up to fail on any fault gets that also when
-    the fault is the plugin's own section (an unknown key, a bad window). Only
-    the plain string ``"raise"`` counts: an object that compares equal to
+    Only the plain string ``"raise"`` counts: an object that compares equal to
     anything does not turn the default fallback into an exception.
     """
     value = section.get("on_error")

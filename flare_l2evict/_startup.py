@@ -1,20 +1,9 @@
 """The host's side of a start-up: read the runtime once, then run the core; end it.
 
-:func:`run` is ``before_first_capture``: it reads the host's ``runtime``
-(snapshot, placement, settings, facts; :mod:`._runtime`) into a
-:class:`~._core.Request` and hands it to the core (:mod:`._core`), which
-sizes, chooses, installs, agrees, reports and offers. :func:`finish` is
-``startup_complete``. The promises the KV allocator relies on:
-
-* one ``before_first_capture`` at a time per process: a call made while a
-  start-up is in progress or done (re-entrant from the allocator, from another
-  thread, a second model, or repeated) credits 0 and touches nothing;
-* from the offer on, the installation is either kept and credited, or
-  restored and not credited (:meth:`~._install.Installation.offer`), whatever
-  the allocator, a signal handler or another thread does;
-* a credited start-up is ended only by its own ``startup_complete``
-  (:meth:`~._lifecycle.Startup.ends_with`), which always ends what it
-  installed and never raises an ``Exception``.
+:func:`run` is ``before_first_capture``; :func:`finish` is ``startup_complete``.
+One ``before_first_capture`` at a time per process: a call made while a
+start-up is in progress or done (re-entrant, another thread, a second model,
+repeated) credits 0 and touches nothing.
 """
 
 from __future__ import annotations
@@ -80,11 +69,7 @@ def _from_host(runtime: object, startup: Startup, clock: Clock) -> ReclaimReport
 
 
 def _read_settings(seen: Snapshot, local: Local) -> None:
-    """Settings first, so ``on_error = "raise"`` also covers the runtime's faults.
-
-    The section is read once, so both see the same values. A config that is
-    no mapping at all is the runtime's fault, named by ``read_runtime``.
-    """
+    """Settings first, so ``on_error = "raise"`` also covers the runtime's faults."""
     config = seen.get("config")
     if config is None or isinstance(config, Mapping):
         section = read_section(config)
@@ -128,11 +113,8 @@ def _wants_raise(runtime: object) -> bool:
 def finish(runtime: object | None = None, *, force: bool = False) -> StartupAudit:
     """``startup_complete``: audit, stock b12x back, no reference to the weights.
 
-    Ends only the start-up ``runtime`` ends (:meth:`~._lifecycle.Startup.ends_with`;
-    ``force``: any); any other call changes nothing and logs one line. Always
-    ends what it installed when it ends a start-up (or what is installed, when
-    none is active). Never raises an ``Exception``: it is the host's last
-    start-up step.
+    Ends only the start-up ``runtime`` ends (``force``: any); any other call changes
+    nothing and logs one line. Never raises an ``Exception``.
     """
     try:
         return _finish(runtime, force)

@@ -1,9 +1,7 @@
 """Echo untrusted values in messages and tables: bounded, on one line, nothing invisible.
 
-Tensor names, paths, config values and strings read from files reach the
-terminal and the start-up log. A 10 MB value must not become a 10 MB line, and
-a newline, NUL or right-to-left override inside a name must not break a line
-or disguise what follows it. Torch-free: the CLI uses it before importing torch.
+A 10 MB value must not become a 10 MB line, and a newline, NUL or right-to-left
+override must not break a line or disguise what follows. Torch-free.
 """
 
 from __future__ import annotations
@@ -38,10 +36,8 @@ def _escaped(char: str) -> str:
 def _cut(text: str, limit: int, *, complete: bool = True, total: int | None = None) -> str:
     """``text`` with hidden characters escaped, at most ``limit`` characters long.
 
-    Only the prefix that fits is looked at, so a 10 MB value costs what a
-    200-character one does. A cut value ends with ``...[N chars]`` when its
-    length is known, ``...`` otherwise (``complete=False``: ``text`` is
-    already a prefix).
+    Only the prefix that fits is looked at. A cut value ends with ``...[N chars]``
+    (``...`` when ``complete=False``: ``text`` is already a prefix).
     """
     limit = max(limit, 16)
     pieces: list[str] = []
@@ -65,9 +61,7 @@ def _cut(text: str, limit: int, *, complete: bool = True, total: int | None = No
 def literal(value: object, limit: int = LIMIT) -> str:
     """``value`` as a JSON-like literal (strings quoted), bounded and on one line.
 
-    Containers are rendered only as far as ``limit`` reaches and at most
-    four levels deep, so any config value, however large or nested, costs
-    a bounded amount of work. A cut literal ends with ``...``.
+    Rendered only as far as ``limit`` reaches, at most four levels deep.
     """
     budget = max(limit, 16)
     out: list[str] = []
@@ -111,25 +105,14 @@ def literal(value: object, limit: int = LIMIT) -> str:
 
 
 def shown(value: object, limit: int = LIMIT) -> str:
-    """``value`` for a message or a table cell: at most ``limit`` characters, one line.
-
-    Strings (tensor names, paths) appear as they are; other values as a
-    bounded JSON-like :func:`literal`. Control characters, format characters
-    (bidi overrides and isolates among them), line and paragraph separators
-    and lone surrogates are escaped (``\\n``, ``\\x00``, ``\\u202e``); a
-    longer value is cut and ends with ``...[N chars]``.
-    """
+    """``value`` for a message or a table cell: at most ``limit`` characters, one line."""
     if isinstance(value, str):
         return _cut(value, limit, total=len(value))
     return literal(value, limit)
 
 
 def described(error: BaseException, limit: int = LIMIT) -> str:
-    """``Type: message`` of an exception on one bounded line, even when its ``__str__`` raises.
-
-    Exceptions come from the host's code too, and an exception raised while
-    describing another must not escape the hook's fallback guard.
-    """
+    """``Type: message`` of an exception on one bounded line, even when its ``__str__`` raises."""
     kind = type(error).__name__
     try:
         text = str(error)
@@ -143,14 +126,9 @@ def described(error: BaseException, limit: int = LIMIT) -> str:
 def described_value(value: object, limit: int = LIMIT) -> str:
     """``repr(value)`` on one bounded line, in time bounded by ``limit``, whatever the value.
 
-    Only values whose repr is known to be bounded are repr'd: numbers, ``None``,
-    a string (cut first), ``torch.device`` and ``torch.dtype``; a plain ``dict``,
-    ``list`` or ``tuple`` is rendered only as far as ``limit`` reaches
-    (:func:`literal`); a tensor is its shape and dtype, never its elements.
-    Anything else, the host's classes and C-level containers whose repr would
-    walk what they hold (``dict_values``, ``deque``, arrays) included, is named
-    by its type. Types are read with ``type()``, never ``__class__``, which a
-    host object may answer. Never raises.
+    Only values whose repr is bounded are repr'd (numbers, ``None``, strings, torch
+    devices and dtypes; plain containers as :func:`literal`; a tensor as shape and
+    dtype); anything else is named by ``type()``, never ``__class__``. Never raises.
     """
     try:
         return _bounded_repr(value, limit)

@@ -11,7 +11,7 @@ from typing import Any, overload
 
 import torch
 
-from ._decision import BORROWED_WORDS, RegionChoice, Storages
+from ._decision import _NAMED, BORROWED_WORDS, RegionChoice, Storages
 from ._errors import WeightsError
 from ._log import say
 from ._text import described_value, shown
@@ -30,21 +30,15 @@ BORROWED = "borrowed"
 """The skip reason of a storage that does not own its memory (see :func:`storages_of`)."""
 FILE_MAPPED = "file-mapped"
 """The skip reason of a borrowed CPU storage whose memory is a file's mapping (an mmap)."""
-_NAMED = 3
-"""Names one refusal line shows; the rest are counted."""
 
 MAX_TENSORS = 250_000
 """More resident tensors than any checkpoint shard holds (DeepSeek V3: ~92,000 in all).
 
-The hook's worst case grows linearly with it: 250,000 distinct tiny storages
-that cannot cover the window take 2.9 to 4.7 s on the 2-core CI machine under
-load, 5.2 s with the most exclude globs (``benchmarks/hook_at_limits.py``,
-BENCHMARKS.md); the 4,000,000 before allowed about 100 s."""
+The hook's worst case grows linearly with it (5.2 s at the limit on the CI
+machine: ``benchmarks/hook_at_limits.py``).
+"""
 MAX_NAME_CHARS = 16 << 20
-"""Characters all resident tensor names may hold together: 250,000 names of 67 each.
-
-Names are read in chunks of :data:`_NAME_CHUNK`, so a mapping of endless long
-names is refused holding at most this many characters plus one chunk."""
+"""Characters all resident tensor names may hold together: 250,000 names of 67 each."""
 _NAME_CHUNK = 1024
 
 
@@ -61,11 +55,7 @@ class WeightPiece:
 
 @dataclass(frozen=True)
 class WeightRegion:
-    """One region of device memory the eviction reads, named by its largest storage's tensor.
-
-    ``nbytes`` counts the region's distinct bytes (storages that overlap in
-    memory count once); ``pieces`` are what is read of it, disjoint.
-    """
+    """One region of device memory the eviction reads, named by its largest storage's tensor."""
 
     name: str
     nbytes: int
@@ -141,32 +131,8 @@ def _each_storage(
     return found, False
 
 
-class _PerStorage:
-    """A column of :class:`~._decision.Storages` computed on demand, storage by storage.
-
-    The decision asks for addresses and devices only of the largest storages;
-    asking all 100,000 of a checkpoint up front would cost more than the choice.
-    """
-
-    def __init__(
-        self, storages: list[torch.UntypedStorage | None], read: Callable[[Any], Any]
-    ) -> None:
-        self._storages = storages
-        self._read = read
-
-    def __len__(self) -> int:
-        return len(self._storages)
-
-    def __getitem__(self, index: int, /) -> Any:
-        return self._read(self._storages[index])
-
-
 class ResidentStorages(Sequence["torch.UntypedStorage | None"]):
-    """Each resident tensor's storage (``None`` where unreadable), with the tensor itself.
-
-    Indexes like the decision's :class:`~._decision.Storages`. ``borrowed`` lists
-    the indices the decision asked about whose storage borrows its memory.
-    """
+    """Each resident tensor's storage (``None`` where unreadable), with the tensor itself."""
 
     def __init__(
         self, names: list[str], storages: list[torch.UntypedStorage | None], tensors: list[object]
@@ -197,10 +163,7 @@ class ResidentStorages(Sequence["torch.UntypedStorage | None"]):
 
 
 def borrowed_line(names: Sequence[str], count: int, *, mapped: bool = False) -> str:
-    """One line naming (bounded) the tensors whose storage borrows memory, with the fix.
-
-    ``mapped``: the memory is a file's mapping, named as such (:data:`FILE_MAPPED`).
-    """
+    """One line naming (bounded) the tensors whose storage borrows memory, with the fix."""
     listed = ", ".join(shown(repr(name), 80) for name in names[:_NAMED])
     more = f" and {count - _NAMED:,} more" if count > _NAMED else ""
     what, fix = BORROWED_WORDS[FILE_MAPPED if mapped else BORROWED]
@@ -212,11 +175,7 @@ def borrowed_line(names: Sequence[str], count: int, *, mapped: bool = False) -> 
 
 
 def _file_spans() -> tuple[list[int], list[int]]:
-    """The starts and ends of the process's file-backed mappings (``/proc/self/maps``).
-
-    Where ``/proc`` cannot be read there are none: a mapped storage stays
-    skipped as borrowed, only named less exactly.
-    """
+    """The starts and ends of the process's file-backed mappings (``/proc/self/maps``)."""
     spans = []
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
@@ -249,12 +208,9 @@ def storages_of(
 ) -> tuple[Storages, ResidentStorages]:
     """The decision's view of ``tensors`` (sizes, address ranges, skips), and their storages.
 
-    A storage that does not own its memory (``resizable() == False``: a slice
-    ``base[a:b]`` of another storage, ``from_blob``, DLPack or CUDA IPC) is
-    skipped as ``"borrowed"`` (``"file-mapped"`` when the memory is a file's
-    mapping on the CPU): holding it does not keep the memory alive, so its
-    owner could free or move the memory under the eviction. A tensor over the
-    owning storage, when the host passes one, covers the same bytes.
+    A storage that does not own its memory (``resizable() == False``: a slice,
+    ``from_blob``, DLPack, IPC) is skipped as ``"borrowed"`` (``"file-mapped"`` for a
+    CPU file mapping): its owner could free or move the memory under the eviction.
     """
     names, values = _names_and_values(tensors)
     storages, complete = _storages(names, values)
@@ -288,7 +244,9 @@ def storages_of(
                 verdicts[found] = None if same_device(found, device) else "other device"
         return verdicts[found]
 
-    starts = _PerStorage(storages, _start)
+    # Columns asked only for the largest storages: all 100,000 of a checkpoint up front
+    # would cost more than the choice.
+    starts = _PerIndex(len(storages), lambda index: _start(storages[index]))
     return Storages(names, sizes, starts, _PerIndex(len(storages), skip)), held
 
 
@@ -318,10 +276,7 @@ def _names_and_values(tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], l
 
 
 def _bounded_names(tensors: Mapping[str, torch.Tensor]) -> list[Any]:
-    """The mapping's keys, refused past :data:`MAX_TENSORS` names or :data:`MAX_NAME_CHARS`.
-
-    Stops early at a key that is no ``str``, which the caller's type check names.
-    """
+    """The mapping's keys, refused past :data:`MAX_TENSORS` names or :data:`MAX_NAME_CHARS`."""
     keys = iter(tensors)
     found: list[Any] = []
     chars = 0
@@ -347,16 +302,16 @@ def _bounded_names(tensors: Mapping[str, torch.Tensor]) -> list[Any]:
 
 
 class _PerIndex:
-    """A column computed on demand from the index alone."""
+    """A column of :class:`~._decision.Storages` computed on demand, index by index."""
 
-    def __init__(self, size: int, read: Callable[[int], str | None]) -> None:
+    def __init__(self, size: int, read: Callable[[int], Any]) -> None:
         self._size = size
         self._read = read
 
     def __len__(self) -> int:
         return self._size
 
-    def __getitem__(self, index: int, /) -> str | None:
+    def __getitem__(self, index: int, /) -> Any:
         return self._read(index)
 
 
@@ -386,12 +341,7 @@ def _start(storage: torch.UntypedStorage | None) -> int:
 def weight_choice(
     choice: RegionChoice, storages: Sequence[torch.UntypedStorage | None], device: torch.device
 ) -> WeightChoice:
-    """The decision's regions as torch storages to read.
-
-    With :class:`ResidentStorages` storages (from :func:`storages_of`), each piece keeps the
-    tensor it was chosen through, and the tensors skipped as borrowed are
-    named in one INFO line.
-    """
+    """The decision's regions as torch storages to read."""
     held = storages if isinstance(storages, ResidentStorages) else None
     regions = []
     for source in choice.regions:

@@ -14,19 +14,15 @@ _FLOOR_BYTES = 64 << 20
 
 
 def stock_window_bytes(l2_cache_bytes: int) -> int:
-    """``max(2 x L2, 64 MiB)``: the bytes stock b12x's eviction is asked to read per sample.
-
-    Mirrors stock b12x's seam (the b12x wing's table, :mod:`._b12x.table`).
-    """
+    """``max(2 x L2, 64 MiB)``: the bytes stock b12x's eviction is asked to read per sample."""
     return max(2 * int(l2_cache_bytes), _FLOOR_BYTES)
 
 
 def stock_buffer_bytes(l2_cache_bytes: int) -> int:
     """Bytes of the float32 buffer stock b12x allocates, and reads, per race job.
 
-    Stock's seam rounds the window up to whole float32 elements. Its 0-d
-    float32 output is left out on purpose: the plugin allocates one too, so
-    leaving it out keeps the reclaimed figure a lower bound.
+    Its 0-d output is left out on purpose (the plugin allocates one too), so the
+    reclaimed figure stays a lower bound.
     """
     return -(-stock_window_bytes(l2_cache_bytes) // WORD) * WORD
 

@@ -125,8 +125,7 @@ class FlareRuntime(Protocol):
         (a storage nothing but the plugin would hold is not credited). The
         plugin only reads them and holds no reference after
         ``startup_complete``. Tensors whose storages overlap in memory count
-        once. They stay allocated until ``startup_complete``: freeing one from
-        another thread while races run can end the process (see the module
+        once. They stay allocated until ``startup_complete`` (see the module
         docstring). The plugin keeps no weak reference on them, so the host's
         ``torch.utils.swap_tensors`` and friends work as without it.
     """
@@ -168,7 +167,6 @@ class FlareStartupSpec:
         A start-up belongs to its runtime: called with another runtime than the
         one ``before_first_capture`` got (a second model's), or with ``None``
         while its credit stands, it changes nothing and logs one line. The
-        report ``before_first_capture`` returned ends it too (for a host that
-        cannot pass the same runtime object again). It never raises an
-        ``Exception``.
+        report ``before_first_capture`` returned ends it too. It never raises
+        an ``Exception``.
         """

@@ -1,9 +1,4 @@
-"""The ``flare.plugins`` entry point ``l2evict``: the hook implementations.
-
-pluggy registers this module itself. It keeps no state: the start-up in
-progress and what is installed live in :data:`flare_l2evict._lifecycle.PROCESS`.
-Imports only runtime modules (a test pins it).
-"""
+"""The ``flare.plugins`` entry point ``l2evict``: the hook implementations."""
 
 from __future__ import annotations
 
@@ -23,8 +18,8 @@ def before_first_capture(runtime: FlareRuntime) -> ReclaimReport:
 def startup_complete(runtime: FlareRuntime) -> StartupAudit:
     """Audit the races, restore stock b12x and drop every reference to the weights.
 
-    Ends only the start-up this ``runtime`` began (or whose report it is);
-    any other call is a no-op with one line. Never raises an ``Exception``.
+    Ends only the start-up this ``runtime`` began (or whose report it is); any
+    other call is a no-op with one line. Never raises an ``Exception``.
     """
     return _startup.finish(runtime)
 

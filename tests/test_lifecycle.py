@@ -53,6 +53,7 @@ import torch
 from support.figures import OWN, MiB
 
 import flare_l2evict
+import flare_l2evict._evicting
 from flare_l2evict import (
     L2EvictError,
     ReclaimReport,
@@ -552,6 +553,21 @@ def test_on_error_raise_does_not_raise_when_disabled() -> None:
     assert report.reclaimed_bytes == 0 and "enabled = false" in (report.reason or "")
 
 
+def test_a_start_up_disabled_by_config_logs_one_info_line_and_no_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 29: enabled = false is the operator's choice; a WARNING at every start-up
+    # would page someone for a deliberate setting.
+    host = runtime(config={"plugins": {"l2evict": {"enabled": False}}})
+    with caplog.at_level(logging.DEBUG, logger="flare_l2evict"):
+        report = hook(host)
+        complete(host)
+    assert report.reclaimed_bytes == 0 and "enabled = false" in (report.reason or "")
+    ours = [r for r in caplog.records if r.name == "flare_l2evict"]
+    assert [r.levelno for r in ours if "enabled = false" in r.getMessage()] == [logging.INFO]
+    assert not [r for r in ours if r.levelno >= logging.WARNING], [r.getMessage() for r in ours]
+
+
 def test_a_start_up_that_fell_back_keeps_no_host_object_alive() -> None:
     import gc
 
@@ -636,7 +652,7 @@ def test_startup_complete_never_raises_when_the_fork_refuses_none(
     assert line.levelno == logging.WARNING and "RESTORE FAILED: ValueError" in line.getMessage()
 
 
-# 5. A host's allocator or runtime that breaks the contract mid-hook.
+# 8. A host's allocator or runtime that breaks the contract mid-hook.
 class AwaitableAllocatorStandIn(ReferenceKVAllocator):
     """An allocator whose plain ``add_reclaimed`` returns a coroutine it never awaits."""
 
@@ -684,3 +700,102 @@ def test_an_interrupt_with_nothing_offered_lets_a_fresh_runtime_start() -> None:
     (report,) = PM.hook.before_first_capture(runtime=retry)
     assert report.reclaimed_bytes > 0, report.reason
     assert retry.kv_allocator.reclaimed_bytes == report.reclaimed_bytes
+
+
+# restore() and the block's exit at the lines the re-attack found (issue 28).
+
+
+def _restore_at(function: Callable[..., Any], text: str) -> Callable[[Any, str, Any], Any]:
+    """A trace function that runs ``flare_l2evict.restore()`` once, at ``function``'s line ``text``.
+
+    As an operator's signal handler would: on the start-up's own thread, under
+    the re-entrant process lock where the line holds it.
+    """
+    code = getattr(function, "__func__", function).__code__
+    lines, first = inspect.getsourcelines(code)
+    target = first + next(i for i, line in enumerate(lines) if line.strip().startswith(text))
+    fired: list[int] = []
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == target and not fired:
+            fired.append(target)
+            flare_l2evict.restore()
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code is code else None
+
+    tracer.fired = fired  # type: ignore[attr-defined]
+    return tracer
+
+
+@pytest.mark.parametrize(
+    ("where", "text"),
+    [
+        ("core.start", "report = report_of("),  # after the agreement, before the offer
+        ("Installation.offer", "self._offer = _Offer("),  # inside the offer's lock
+        ("Process.install", "apply()"),  # recorded, b12x not changed yet
+        ("patch._rebind", "setattr(owner, name, replacement)"),  # mid-patch
+    ],
+)
+def test_a_restore_during_the_hook_never_leaves_a_credit_unbacked_or_the_seam_patched(
+    where: str, text: str
+) -> None:
+    from flare_l2evict import _core
+    from flare_l2evict._install import Installation
+    from flare_l2evict._lifecycle import Process
+
+    function: Callable[..., Any] = {  # type: ignore[assignment]
+        "core.start": _core.start,
+        "Installation.offer": Installation.offer,
+        "Process.install": Process.install,
+        "patch._rebind": patch._rebind,
+    }[where]
+    tracer = _restore_at(function, text)
+    host = runtime()
+    sys.settrace(tracer)
+    try:
+        report = hook(host)
+    finally:
+        sys.settrace(None)
+    assert tracer.fired, f"{where}: the line {text!r} never ran"  # type: ignore[attr-defined]
+    granted = host.kv_allocator.reclaimed_bytes
+    backed = seam_is_ours()
+    audit = complete(host)
+    # The credit the allocator holds is backed by the seam, or the audit names it in full.
+    assert granted == report.reclaimed_bytes
+    assert not granted or backed or audit.shortfall_bytes == granted, (where, granted, audit)
+    if not granted:
+        assert "restore()" in (report.reason or ""), report.reason
+    assert not seam_is_ours() and active_installation() is None and PROCESS.startup is None
+    fresh = runtime()
+    assert hook(fresh).reclaimed_bytes > 0 and seam_is_ours()
+    complete(fresh)
+
+
+def test_an_exception_at_the_entry_of_a_blocks_exit_still_ends_its_start_up() -> None:
+    # A signal handler's exception can land as __exit__ is entered, before any of its
+    # lines; the with statement then drops the block, and its start-up still ends.
+    class Interrupt(KeyboardInterrupt):
+        pass
+
+    exit_code = flare_l2evict._evicting._Block.__exit__.__code__
+    fired: list[bool] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is exit_code and not fired:
+            fired.append(True)
+            raise Interrupt
+        return None
+
+    weights = torch.zeros(64 * MiB // 4)
+    with pytest.raises(Interrupt):
+        with flare_l2evict.evicting_from({"w": weights}, race_jobs=JOBS, l2_cache_bytes=L2) as r:
+            assert r.reclaimed_bytes > 0 and seam_is_ours()
+            sys.settrace(tracer)
+    sys.settrace(None)
+    gc.collect()
+    assert fired and not seam_is_ours()
+    assert active_installation() is None and PROCESS.startup is None
+    with flare_l2evict.evicting_from({"w": weights}, race_jobs=JOBS, l2_cache_bytes=L2) as again:
+        assert again.reclaimed_bytes > 0

@@ -1,11 +1,7 @@
 """The patch of b12x's race eviction and its undo, side by side (urllib3's pyopenssl style).
 
-:func:`inject` makes b12x's races on one device read a
-:class:`~flare_l2evict._eviction.WeightEviction`: through the fork's API
-(handed the views, ``None`` undoes), or by replacing every stock seam and
-binding the proof found with one counting replacement. Each change's undo is
-registered before the change is made, and an undo puts the original back
-only where the replacement still stands.
+Each change's undo is registered before the change is made, and an undo puts
+the original back only where the replacement still stands.
 """
 
 from __future__ import annotations
@@ -76,10 +72,8 @@ def counted_stock(
 ) -> Callable[[object, bool], Flush | None]:
     """Stock's eviction for ``device``, counted as a stock buffer with the bytes it took.
 
-    ``make(device, fallback)``: off CUDA, an original that cannot make a buffer
-    (stock b12x reads the L2 size from a CUDA device) raises as stock would,
-    unless ``fallback`` (the weights went away mid-start-up): then no eviction
-    is made and what a GPU would have allocated is counted.
+    Off CUDA, an original that cannot make a buffer raises as stock would, unless
+    ``fallback`` (the weights went away): then what a GPU would allocate is counted.
     """
 
     def make(device: object, fallback: bool) -> Flush | None:
@@ -114,8 +108,7 @@ def inject(
 ) -> Callable[[], None]:
     """The step that patches b12x for ``eviction``; each undo lands in ``undo`` before its change.
 
-    Fork-or-stock was asked once, by the basis: ``basis.fork`` is the fork's
-    API, else ``basis.proof`` names every stock seam to replace.
+    Fork-or-stock was asked once, by the basis (``basis.fork`` or ``basis.proof``).
     """
     fork, proof = basis.fork, basis.proof
     if fork is not None:

@@ -1,11 +1,8 @@
 """Prove, before anything changes, that b12x's races take their eviction where the plugin can.
 
-Stock b12x makes each race's eviction buffer in one function, named by a row
-of :mod:`.table` (stock 1.5: ``_l2_flush_fn(device, *, enabled)`` of
-``b12x.preparation._measurement``). Redirecting that module global only helps
-if every race asks it at call time. This module checks that, for the row the
-loaded b12x matches, and measures what the function really allocates, so the
-KV credit rests on facts rather than on a copied formula.
+Redirecting the seam's module global only helps if every race asks it at call
+time; this checks that for the loaded b12x's row, and measures what the seam
+really allocates, so the KV credit rests on facts rather than a copied formula.
 """
 
 from __future__ import annotations
@@ -70,9 +67,8 @@ class SeamProof:
 class StockBuffer:
     """What stock b12x allocates for one race job's eviction on a device.
 
-    ``measured`` is true when the bytes were read off the CUDA allocator
-    around one call of the original seam; otherwise they are the formula
-    ``max(2 x L2, 64 MiB)`` rounded to float32 words (no CUDA device to ask).
+    ``measured``: read off the CUDA allocator around one call of the seam; else the
+    formula ``max(2 x L2, 64 MiB)`` in float32 words.
     """
 
     nbytes: int
@@ -86,30 +82,18 @@ def unwrap(function: Any) -> Any:
     return function
 
 
-def fork_function() -> Callable[..., Any] | None:
-    """The fork's API where the loaded b12x has it: the one place fork-or-stock is chosen.
-
-    Where a fork row of :mod:`.table` resolves, its function is used and
-    no stock seam is proven; otherwise :func:`prove_seam` proves a stock row.
-    """
-    for row in fork_rows():
-        function = row.loaded()
-        if function is not None:
-            return function
-    return None
-
-
 def fork_api() -> Callable[..., Any] | None:
-    """The fork's API as :func:`fork_function` finds it, its signature checked against its row.
+    """The fork's API where the loaded b12x has it, its signature checked against its row.
 
-    Raises :class:`InstallError` when the fork's function has another shape
-    than its row says: the plugin never hands storage to a call it does not know.
+    Raises :class:`InstallError` on another shape: the plugin never hands storage
+    to a call it does not know.
     """
     for row in fork_rows():
         function = row.loaded()
         if function is not None:
-            module = importlib.import_module(row.module_path)
-            checked: Callable[..., Any] = _check_signature(row, module, function)
+            checked: Callable[..., Any] = _check_signature(
+                row, importlib.import_module(row.module_path), function
+            )
             return checked
     return None
 
@@ -284,15 +268,11 @@ def _probe_disabled(row: SeamRow, original: SeamFunction) -> None:
 def prove_seam() -> SeamProof:
     """Check the loaded b12x against its stock row and return what an installation must replace.
 
-    Imports the first stock row's module that exists (:mod:`.table`)
-    and its callers' modules, then checks, changing nothing: the seam's
-    signature in every loaded copy of b12x; that each of the row's callers
-    names the seam in its code, i.e. looks it up when it runs; that no class
-    attribute or default argument holds the original; and that a disabled
-    call returns ``None`` without raising. Module-level bindings of the
-    original elsewhere in b12x are returned as :class:`Binding` for the
-    installation to redirect too. Raises :class:`InstallError` with the
-    reason and the fix.
+    Changes nothing. Checks the seam's signature in every loaded copy of b12x,
+    that each caller looks it up when it runs, that no class attribute or default
+    argument holds the original, and that a disabled call returns ``None``.
+    Other module-level bindings of the original are returned as :class:`Binding`.
+    Raises :class:`InstallError` with the reason and the fix.
     """
     if (problem := provider_problem()) is not None:  # no usable torch or b12x: say which
         raise InstallError(problem)
@@ -320,14 +300,7 @@ def prove_seam() -> SeamProof:
 def measure_stock_buffer(
     proof: SeamProof, device: torch.device, l2_cache_bytes: int
 ) -> StockBuffer:
-    """What one call of stock's seam allocates on ``device``; freed again before returning.
-
-    On CUDA the original is called once, before the KV cache is sized, and
-    the allocator's growth is read; the buffer is then returned to the driver.
-    Off CUDA, where an original makes a buffer at all, the tensors its
-    eviction holds are counted; where it cannot (stock b12x reads the L2 size
-    from a CUDA device), the formula ``max(2 x L2, 64 MiB)`` stands in.
-    """
+    """What one call of stock's seam allocates on ``device``; freed again before returning."""
     if device.type == "cuda":
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())

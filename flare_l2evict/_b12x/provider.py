@@ -1,10 +1,7 @@
 """Which b12x provider and torch this environment has, and whether the plugin can use them.
 
-b12x ships standalone (distribution ``b12x``) and inside flashinfer-python
-(>= 0.7.2), whose wheel installs a top-level ``b12x`` package of its own. The
-provider is the host's: the plugin never installs one into a server. This
-module names what is there, torch-free and without importing b12x, so that
-start-up can fall back with one line saying what was found and what is needed.
+b12x ships standalone and inside flashinfer-python (>= 0.7.2). The provider is
+the host's: the plugin never installs one, and this module imports no b12x.
 """
 
 from __future__ import annotations
@@ -36,11 +33,7 @@ def _version(name: str) -> str | None:
 
 
 def running_torch_version() -> str | None:
-    """The version of the torch that runs (``torch.__version__``), not of stale metadata.
-
-    A leftover ``torch-2.3.1.dist-info`` on ``sys.path`` must not stand for
-    the torch 2.13 that is imported; metadata is asked only before torch is.
-    """
+    """The version of the torch that runs (``torch.__version__``), not of stale metadata."""
     loaded = getattr(sys.modules.get("torch"), "__version__", None)
     return str.__str__(loaded) if isinstance(loaded, str) else _version("torch")
 
@@ -54,12 +47,8 @@ def _release(version: str) -> tuple[int, ...]:
 def provider_problem() -> str | None:
     """One line naming what this environment has and what the plugin needs, or None.
 
-    None means torch is new enough and an importable b12x exists: the seam
-    proof then decides. A line means start-up must keep stock b12x; the line
-    names the torch or provider found (versions from the installed
-    distributions, as pip sees them) and the requirement it misses; the
-    caller says that stock b12x is kept. Never
-    raises, imports no b12x module (only looks b12x up) and changes nothing.
+    None: torch is new enough and a b12x is importable (the seam proof decides).
+    Never raises, imports no b12x module and changes nothing.
     """
     torch_version = running_torch_version()
     if torch_version is not None and _release(torch_version) < MIN_TORCH:

@@ -1,11 +1,7 @@
 """The seam as data: one row per b12x shape the plugin knows how to take the race eviction from.
 
-Every place that names the seam (the runtime's proof and installation, the
-preflight check, the reference host, the bench, ``benchmarks/`` and the
-release sweep) reads it from :data:`ROWS`, never from a string literal of its
-own. Supporting a b12x release whose seam moved is adding one row here.
-
-Torch-free and import-free: reading the table loads nothing.
+Everything that names the seam reads it from :data:`ROWS`: supporting a b12x
+whose seam moved (or changed its signature) is adding one row. Import-free.
 """
 
 from __future__ import annotations
@@ -25,17 +21,10 @@ ROOTS = ("b12x", "flashinfer.experimental.b12x")
 class SeamRow:
     """One b12x shape: where its eviction is made, how it is called, who calls it, its bytes.
 
-    ``kind`` ``"fork"``: a function the plugin hands its storage to (and
-    ``None`` to undo); ``"stock"``: a factory the races call for their
-    eviction, which the plugin replaces. ``module`` is under a b12x root
-    (:data:`ROOTS`). ``signature`` is ``(name, inspect kind name)`` per
-    parameter. ``callers`` are ``(module under the root, qualified name)`` of
-    the race code that must look the function up at call time; a caller
-    whose module is in ``optional`` may be absent from a build.
-    ``buffer_bytes(l2)`` is what one race job's eviction allocates where it
-    cannot be measured. ``device`` and ``enabled`` name the parameters the
-    plugin reads and passes (:meth:`call`): a seam whose signature changed is
-    one row too.
+    ``kind`` ``"fork"``: a function handed the storage (``None`` undoes);
+    ``"stock"``: the factory the races call, which the plugin replaces.
+    ``callers`` must look the function up at call time (those in ``optional`` may
+    be absent). ``device`` and ``enabled`` name the parameters :meth:`call` passes.
     """
 
     name: str
@@ -69,12 +58,6 @@ class SeamRow:
     def dotted(self) -> str:
         """The full name, for messages: ``b12x.preparation._measurement._l2_flush_fn``."""
         return f"{self.module_path}.{self.function}"
-
-    @property
-    def races_module_path(self) -> str:
-        """The module of the race code (its first caller): ``prepare_race_steps`` and friends."""
-        module = self.callers[0][0] if self.callers else self.module
-        return f"{ROOTS[0]}.{module}"
 
     def root_of(self, module_name: str) -> str | None:
         """The b12x root of a loaded module of this row's seam, or ``None`` if it is not one."""

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._b12x.proof import StockBuffer, fork_function
+from .._b12x.proof import StockBuffer
 from .._b12x.provider import MIN_TORCH, NEEDED, versions
-from .._b12x.table import FORK
+from .._b12x.table import FORK, fork_rows
 from .._credit import Credit, credit
 from .._errors import InstallError
 from .._settings import DISABLED, L2EvictSettings, load_deployment_config, settings_from_config
@@ -122,7 +122,7 @@ def _provider_lines(report: _Report) -> None:
     """Versions, and the b12x provider with whether its release has a judged row."""
     _, flashinfer = versions()
     origin = b12x_origin()
-    fork = fork_function() is not None
+    fork = any(row.loaded() is not None for row in fork_rows())
     provider = "fork" if fork else origin.provider
     row = (
         judged(origin.distribution, origin.version)

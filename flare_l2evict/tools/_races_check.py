@@ -129,9 +129,6 @@ def race_check(
             for repeat in range(REPEATS):
                 order = ARMS[repeat % len(ARMS) :] + ARMS[: repeat % len(ARMS)]
                 for arm in order:
-                    torch.cuda.synchronize(device)
-                    base = torch.cuda.memory_allocated(device)
-                    torch.cuda.reset_peak_memory_stats(device)
                     if arm == "plugin":
                         with evicting_from(
                             resident, race_jobs=1, device=device, window=settings.window
@@ -140,11 +137,11 @@ def race_check(
                             if report.reclaimed_bytes == 0:
                                 result.reason = report.reason or "the plugin fell back"
                                 break
-                            seen = [run_race(calls, device, None).latencies_us for calls in races]
+                            # Inside the block: the start-up's one measurement of stock's
+                            # buffer is behind us, so the peak is the races' own.
+                            seen, peak = _races(races, device, run_race)
                     else:
-                        seen = [run_race(calls, device, None).latencies_us for calls in races]
-                    torch.cuda.synchronize(device)
-                    peak = torch.cuda.max_memory_allocated(device) - base
+                        seen, peak = _races(races, device, run_race)
                     result.peak_bytes[arm] = max(result.peak_bytes.get(arm, 0), peak)
                     latencies[arm].append(seen)
                 if result.reason is not None:
@@ -167,6 +164,18 @@ def race_check(
         _judge(result, latencies)
     _lines(result, line)
     return result
+
+
+def _races(
+    races: list[Any], device: torch.device, run_race: Callable[..., Any]
+) -> tuple[list[tuple[float, ...]], int]:
+    """Each race's latencies, and the CUDA allocator's peak growth over them (bytes)."""
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    seen = [run_race(calls, device, None).latencies_us for calls in races]
+    torch.cuda.synchronize(device)
+    return seen, torch.cuda.max_memory_allocated(device) - base
 
 
 def _judge(result: RaceAgreement, latencies: dict[str, list[list[tuple[float, ...]]]]) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..._b12x.table import stock_row
+from ..._b12x.table import ROOTS, SeamRow, stock_row
 
 COMPILER_MODULE = "b12x._lib.compiler"
 """The one module of b12x's guard that imports the CuTe DSL."""
@@ -166,7 +166,7 @@ def run_race(
     ``eviction=None`` lets b12x allocate its own buffer, as a race outside a
     ``PreparationJob`` does; a job passes the eviction it holds.
     """
-    measurement = importlib.import_module(stock_row().races_module_path)
+    measurement = importlib.import_module(_races_module_path(stock_row()))
     ordinal = device.index if device.index is not None else torch.cuda.current_device()
     prepared = measurement._consume(
         measurement.prepare_race_steps(
@@ -180,3 +180,9 @@ def run_race(
     finally:
         prepared.close()
     return RaceResult(tuple(measured.latencies_us))
+
+
+def _races_module_path(row: SeamRow) -> str:
+    """The module of the race code (the row's first caller): ``prepare_race_steps`` and friends."""
+    module = row.callers[0][0] if row.callers else row.module
+    return f"{ROOTS[0]}.{module}"
