@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from figures import MiB
+from support.figures import MiB
 
 from flare_l2evict.tools._cli import main
 from flare_l2evict.tools.reference_host import ReferenceRuntime, plugin_manager

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from figures import OWN, MiB
+from support.figures import OWN, MiB
 
 from flare_l2evict._b12x.provider import provider_problem
 from flare_l2evict._settings import DISABLED

@@ -1,4 +1,8 @@
-"""The console entry point, as an operator runs it."""
+"""The console entry point, as an operator runs it.
+
+Among the cases: ``example --out`` into a directory holding symlinks or hard
+links named as its files -> refused, nothing written through them.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from figures import OUTPUTS, OWN, MiB
+from support.figures import OUTPUTS, OWN, MiB
 
 from flare_l2evict.tools._cli import main
 
@@ -441,3 +445,27 @@ def test_every_json_object_carries_its_schema(capsys: pytest.CaptureFixture[str]
     ):
         main(argv)
         assert json.loads(capsys.readouterr().out)["schema"] == 1, argv
+
+
+def test_example_out_never_writes_through_a_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    out = tmp_path / "ex"
+    out.mkdir()
+    (out / "deploy.toml").symlink_to(victim)
+    done = subprocess.run(
+        [sys.executable, "-m", "flare_l2evict", "example", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and victim.read_text() == "keep"
+    assert "deploy.toml there is a symlink" in done.stderr and "nothing written" in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["deploy.toml"]
+
+
+def test_the_example_writes_exactly_the_files_it_names(tmp_path: Path) -> None:
+    from flare_l2evict.tools._example import EXAMPLE_FILES, write_example
+
+    written = write_example(tmp_path / "ex", 64 * MiB)
+    assert sorted(p.name for p in written) == sorted(EXAMPLE_FILES)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from figures import MiB
 from hypothesis import HealthCheck, given, settings, strategies as st
+from support.figures import MiB
 
 from flare_l2evict import plugin
 from flare_l2evict._credit import credit

@@ -4,6 +4,15 @@ On the CPU, with b12x's real seam module (flashinfer's b12x): inside the block
 every enabled call of the seam reads the named tensors; on exit, exceptions
 included, stock b12x is back and nothing references them. The GPU test that
 runs b12x's real races through it is ``tests/test_gpu_evicting.py``.
+
+Case -> outcome (a program's arguments):
+
+- ``exclude=None | 5 | "glob"`` -> 0 and one line in the program's words, never
+  a raise on entry, never a string split into globs; ``on_error="raise"`` -> that
+  line raised, the block not run;
+- a list of 100,000 tensors as the mapping, a mapping whose first value is no
+  tensor -> named as such, at once;
+- ``on_error=<object whose == raises>`` -> 0, one line.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from figures import OWN, MiB
+from support.figures import OWN, MiB
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, plugin
@@ -229,3 +238,71 @@ def test_every_line_a_block_prints_names_its_own_arguments(
     for line in lines:
         assert "runtime" not in line and "startup_complete" not in line, line
         assert "before_first_capture" not in line, line
+
+
+class EqRaisesStandIn:
+    """A value whose ``==`` raises: comparing it must not escape the fallback."""
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("host __eq__")
+
+    __hash__ = object.__hash__
+
+
+def test_an_on_error_whose_eq_raises_is_one_line_in_a_program() -> None:
+    with flare_l2evict.evicting_from(
+        {"w": torch.zeros(4)},
+        race_jobs=2,
+        on_error=EqRaisesStandIn(),  # type: ignore[arg-type]
+    ) as report:
+        assert report.reclaimed_bytes == 0
+    assert (report.reason or "").startswith("evicting_from: on_error = <EqRaisesStandIn>")
+
+
+def test_a_list_of_tensors_passed_as_the_mapping_is_named_at_once() -> None:
+    tensors = [torch.zeros(1)] * 100_000  # list(model.parameters()) by mistake
+    with flare_l2evict.evicting_from(tensors, race_jobs=2) as report:  # type: ignore[arg-type]
+        assert report.reclaimed_bytes == 0
+    assert (report.reason or "").startswith("evicting_from: tensors is [<Tensor>")
+    assert len(report.reason or "") < 1000
+
+
+@pytest.mark.parametrize(
+    ("exclude", "shown"),
+    [(None, "exclude = null"), (5, "exclude = 5"), ("*.embed_tokens.*", 'exclude = "*.embed')],
+    ids=["none", "int", "one-string"],
+)
+def test_bad_exclude_in_a_program_is_one_line_never_a_raise(exclude: object, shown: str) -> None:
+    tensors = {"model.embed_tokens.weight": torch.zeros(128 * MiB // 4)}
+    with flare_l2evict.evicting_from(
+        tensors,
+        race_jobs=2,
+        l2_cache_bytes=L2,
+        exclude=exclude,  # type: ignore[arg-type]
+    ) as report:
+        assert report.reclaimed_bytes == 0 and active_installation() is None
+    reason = report.reason or ""
+    assert reason.startswith(f"evicting_from: {shown}") and "plugins.l2evict" not in reason
+    assert "fix: pass window=, exclude= (a list of globs)" in reason
+
+
+def test_a_mapping_whose_first_value_is_no_tensor_is_named_so() -> None:
+    tensors = {"a": [1, 2, 3], "b": torch.zeros(4)}
+    with flare_l2evict.evicting_from(tensors, race_jobs=2) as report:  # type: ignore[arg-type]
+        assert report.reclaimed_bytes == 0
+    assert (report.reason or "").startswith(
+        "evicting_from: the first value of tensors is [1, 2, 3], not a tensor"
+    )
+
+
+def test_on_error_raise_still_raises_for_a_program_argument() -> None:
+    with (
+        pytest.raises(L2EvictError, match="evicting_from: exclude = 5"),
+        flare_l2evict.evicting_from(
+            {"w": torch.zeros(4)},
+            race_jobs=2,
+            exclude=5,  # type: ignore[arg-type]
+            on_error="raise",
+        ),
+    ):
+        raise AssertionError("the block must not run")

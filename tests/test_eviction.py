@@ -1,11 +1,26 @@
+"""The eviction itself: what one call reads and writes, and what it does when memory goes away.
+
+Case -> outcome (memory that goes away under the eviction):
+
+- the host frees, resizes, moves, re-sets, swaps or offloads its weights after
+  the hook -> no crash, no read of freed memory; one WARNING, stock from then
+  on, and the audit names the fallback and the shortfall (a process per case;
+  on a GPU, through ``empty_cache()``: ``test_gpu_freed.py``);
+- the per-read check -> runs no host code (no ``__torch_function__``), and
+  still sees a freed storage.
+"""
+
 from __future__ import annotations
 
 import hashlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
+from support.figures import MiB
+from support.freed_memory import FREED, freed
 
 from flare_l2evict._eviction import WeightEviction
 from flare_l2evict.tools._choose_weights import choose_weights
@@ -75,3 +90,52 @@ def test_release_drops_the_weights() -> None:
     assert not ref.expired()  # type: ignore[no-untyped-call]  # the eviction keeps it alive while installed
     eviction.release()
     assert ref.expired()  # type: ignore[no-untyped-call]
+
+
+# Memory that goes away under the eviction (a process per case).
+def test_weights_kept_in_place_are_read_to_the_end() -> None:
+    got = freed("none")
+    assert got["credited"] and got["fallback_reason"] is None and got["eviction_warnings"] == 0
+    assert not got["audit_warns"]
+
+
+@pytest.mark.parametrize("kind", FREED)
+def test_weights_freed_after_the_hook_fall_back_with_one_warning(kind: str) -> None:
+    got = freed(kind)
+    assert got["credited"], got  # the hook saw intact weights
+    assert got["eviction_warnings"] == 1, got
+    reason = str(got["fallback_reason"])
+    expected = {"set": "no longer views", "swap": "no longer views", "offload": "no longer views"}
+    expected["dropped"] = "nothing but the plugin holds"
+    assert expected.get(kind, "freed, resized or") in reason, got
+    assert got["shortfall_bytes"] and got["audit_warns"], got
+    assert "FELL BACK" in str(got["audit"]) and "SHORTFALL" in str(got["audit"])
+
+
+class CountingTensorStandIn(torch.Tensor):
+    """A host's tensor subclass whose ``__torch_function__`` is host code (counted)."""
+
+    calls = 0
+
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Any,
+        types: Any,
+        args: Any = (),
+        kwargs: Any = None,
+    ) -> Any:
+        cls.calls += 1
+        return super().__torch_function__(func, types, args, kwargs or {})  # type: ignore[no-untyped-call]
+
+
+def test_the_per_read_check_runs_no_host_code_and_still_sees_a_freed_storage() -> None:
+    weights = torch.ones(MiB // 4).as_subclass(CountingTensorStandIn)
+    eviction = WeightEviction(choose_weights({"w": weights}, "cpu", MiB // 2))
+    before = CountingTensorStandIn.calls
+    for _ in range(10):
+        eviction()
+    assert CountingTensorStandIn.calls == before and eviction.fell_back_reason is None
+    torch.Tensor.untyped_storage(weights).resize_(0)
+    eviction()
+    assert "freed, resized or moved" in str(eviction.fell_back_reason)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from figures import MiB
+from support.figures import MiB
 
 from flare_l2evict.tools._cli import main
 

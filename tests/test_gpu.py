@@ -22,7 +22,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
+from support.figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
 
 import flare_l2evict
 from benchmarks.bench import Probe, compare

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from figures import MiB
+from support.figures import MiB
 
 import flare_l2evict
 from flare_l2evict import plugin

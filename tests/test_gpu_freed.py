@@ -3,7 +3,7 @@
 
 Before the per-read check (issue 21), a freed storage slice was read at its old
 address: the new tensor placed there, or, after ``empty_cache()``, an illegal
-memory access that ended the process. Each case runs ``tests/freed_memory.py``
+memory access that ended the process. Each case runs ``tests/support/freed_memory.py``
 in a process of its own on ``cuda:0`` (real b12x seam, real plugin, real torch),
 which allocates the KV tensor over the freed memory, runs the evictions, checks
 the KV tensor is untouched and the device still runs work, and prints its
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from freed_memory import FREED, freed
+from support.freed_memory import FREED, freed
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from figures import OWN, MiB
+from support.figures import OWN, MiB
 
 import flare_l2evict
 import flare_l2evict._eviction

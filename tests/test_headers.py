@@ -4,6 +4,12 @@ Every case is a real file on disk, read by both ``safetensors.safe_open``
 (the loader start-up uses) and :func:`read_header`; a file the loader refuses
 must be refused, so ``plan`` and ``check`` never credit it, and a file the
 loader reads must be read.
+
+Case -> outcome (the paths an index names):
+
+- an index naming a shard outside its folder -> refused by name;
+- /dev/zero as a shard or as the reference host's checkpoint -> "not a regular
+  file", not "missing"; a FIFO index -> the same, never blocks.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.python_child import run_python
 
 from flare_l2evict import CheckpointError
 from flare_l2evict.tools._headers import (
@@ -24,6 +31,7 @@ from flare_l2evict.tools._headers import (
     read_checkpoint,
     read_header,
 )
+from flare_l2evict.tools.reference_host import load_checkpoint
 
 ENTRY = '"dtype":"F32","shape":[1],"data_offsets":[0,4]'
 ONE = '{"a":{' + ENTRY + "}}"
@@ -287,3 +295,44 @@ def test_f6_dtypes_are_refused_as_start_up_would(tmp_path: Path) -> None:
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(nbytes))
     with pytest.raises(CheckpointError, match="unknown dtype 'F6_E2M3'"):
         read_header(path)
+
+
+# --- paths: a shard is a regular file inside the index's folder ---------------------------
+@pytest.mark.parametrize("shard", ["/etc/hostname", "../outside.safetensors", "a/../../b"])
+def test_an_index_cannot_name_a_shard_outside_its_folder(tmp_path: Path, shard: str) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {"w": shard}}))
+    with pytest.raises(CheckpointError, match="lies outside the index's folder"):
+        read_checkpoint([index])
+
+
+def test_dev_zero_named_as_a_shard_is_not_missing(tmp_path: Path) -> None:
+    (tmp_path / "zero.safetensors").symlink_to("/dev/zero")
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"w": "zero.safetensors"}}))
+    with pytest.raises(CheckpointError, match="is not a regular file") as raised:
+        read_checkpoint([index])
+    assert "missing" not in str(raised.value)
+
+
+def test_a_fifo_index_does_not_block(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.safetensors.index.json"
+    os.mkfifo(fifo)
+    out = run_python(
+        "from pathlib import Path\n"
+        "from flare_l2evict.tools._headers import read_checkpoint\n"
+        "from flare_l2evict._errors import CheckpointError\n"
+        "try:\n"
+        f"    read_checkpoint([Path({str(fifo)!r})])\n"
+        "except CheckpointError as error:\n"
+        "    print(error)\n",
+        timeout=20,
+    )
+    assert "not a regular file" in out
+
+
+def test_dev_zero_as_the_reference_checkpoint_gets_its_own_line() -> None:
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        load_checkpoint("/dev/zero", torch.device("cpu"))

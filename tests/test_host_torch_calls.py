@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-from figures import MiB
+from support.figures import MiB
 
 from flare_l2evict import plugin
 from flare_l2evict._b12x.table import stock_row

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from figures import MiB
+from support.figures import MiB
 
 from flare_l2evict._b12x.proof import SeamProof, StockBuffer, prove_seam
 from flare_l2evict._basis import CreditBasis

@@ -1,4 +1,4 @@
-"""The start-up's lifecycle against what a host process does to it (issue 21), case by case.
+"""The start-up's lifecycle against what a host process does to it, case by case.
 
 Case -> outcome:
 
@@ -20,6 +20,10 @@ Case -> outcome:
   ``__call__`` is one) -> refused before the offer, one line; never a credit;
 - ``on_error = "raise"`` -> raises one line on every outcome that falls back
   except ``enabled = false`` (settings that differ across ranks: test_tp_gloo.py).
+- ``add_reclaimed`` returning an awaitable -> recorded as raised (report and
+  audit say RAISED), the coroutine closed, never "credited" silently;
+- a ``KeyboardInterrupt`` from a runtime attribute with nothing offered -> the
+  start-up ends, a retry with a fresh runtime credits.
 
 The host's runtime and allocator are stand-ins (named so); pluggy, the
 plugin, b12x's real seam, signals, fork and torch are real.
@@ -46,7 +50,7 @@ from typing import Any
 
 import pytest
 import torch
-from figures import OWN, MiB
+from support.figures import OWN, MiB
 
 import flare_l2evict
 import flare_l2evict._evicting
@@ -84,8 +88,9 @@ def runtime(
     config: dict[str, Any] | None = None,
     allocator: Any = None,
     race_jobs: int = JOBS,
+    kind: type[ReferenceRuntime] = ReferenceRuntime,
 ) -> ReferenceRuntime:
-    return ReferenceRuntime(
+    return kind(
         device=torch.device("cpu"),
         config=config or {},
         kv_allocator=allocator or ReferenceKVAllocator(1024),
@@ -645,6 +650,56 @@ def test_startup_complete_never_raises_when_the_fork_refuses_none(
     assert audit.mechanism == "fork" and active_installation() is None
     (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
     assert line.levelno == logging.WARNING and "RESTORE FAILED: ValueError" in line.getMessage()
+
+
+# 8. A host's allocator or runtime that breaks the contract mid-hook.
+class AwaitableAllocatorStandIn(ReferenceKVAllocator):
+    """An allocator whose plain ``add_reclaimed`` returns a coroutine it never awaits."""
+
+    def __init__(self) -> None:
+        super().__init__(1024)
+        self.add_reclaimed = self._returns_coroutine  # type: ignore[method-assign]
+
+    def _returns_coroutine(self, report: flare_l2evict.ReclaimReport) -> Any:
+        async def apply() -> None:
+            self.reclaimed_bytes += report.reclaimed_bytes
+
+        return apply()
+
+
+def test_an_allocator_returning_an_awaitable_is_recorded_as_raised() -> None:
+    allocator = AwaitableAllocatorStandIn()
+    host = runtime(128 * MiB, allocator=allocator, race_jobs=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # "coroutine ... never awaited"
+        (report,) = PM.hook.before_first_capture(runtime=host)
+        audit = PM.hook.startup_complete(runtime=host)[0]
+    assert allocator.reclaimed_bytes == 0
+    assert (report.allocator_error or "").startswith("RuntimeContractError: kv_allocator")
+    assert "returned coroutine (an awaitable)" in (report.allocator_error or "")
+    assert "RAISED" in audit.summary()
+
+
+class InterruptingRuntimeStandIn(ReferenceRuntime):
+    """A host whose ``race_jobs`` property raises ``KeyboardInterrupt`` (Ctrl-C mid-hook)."""
+
+    @property
+    def race_jobs(self) -> int:
+        raise KeyboardInterrupt
+
+    @race_jobs.setter
+    def race_jobs(self, _value: int) -> None:
+        pass
+
+
+def test_an_interrupt_with_nothing_offered_lets_a_fresh_runtime_start() -> None:
+    broken = runtime(128 * MiB, race_jobs=2, kind=InterruptingRuntimeStandIn)
+    with pytest.raises(KeyboardInterrupt):
+        PM.hook.before_first_capture(runtime=broken)
+    retry = runtime(128 * MiB, race_jobs=2)
+    (report,) = PM.hook.before_first_capture(runtime=retry)
+    assert report.reclaimed_bytes > 0, report.reason
+    assert retry.kv_allocator.reclaimed_bytes == report.reclaimed_bytes
 
 
 # restore() and the block's exit at the lines the re-attack found (issue 28).

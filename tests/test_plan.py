@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from figures import KV_BYTES_PER_TOKEN as KV, OWN, MiB
+from support.figures import KV_BYTES_PER_TOKEN as KV, OWN, MiB
 
 from flare_l2evict._text import shown
 from flare_l2evict.tools._cli import main

@@ -11,9 +11,9 @@ import dataclasses
 
 import pytest
 import torch
-from figures import KV_BYTES_PER_TOKEN as KV, MiB
 from hypothesis import HealthCheck, given, settings, strategies as st
 from safetensors.torch import save_file
+from support.figures import KV_BYTES_PER_TOKEN as KV, MiB
 
 from flare_l2evict._settings import settings_from_config
 from flare_l2evict.tools._headers import read_checkpoint

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
+from support.figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, PluginNotFoundError

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from fake_b12x import (
+from support.fake_b12x import (
     SESSION_BOUND_AT_IMPORT,
     SESSION_NEW_MODULE,
     job_evictions,
@@ -17,7 +17,7 @@ from fake_b12x import (
     write_fake,
     write_moved_fake,
 )
-from figures import MiB
+from support.figures import MiB
 
 from flare_l2evict import ReclaimReport, StartupAudit, plugin
 from flare_l2evict._b12x import table as _seam_table

@@ -1,12 +1,27 @@
+"""The ``plugins.l2evict`` section and the deployment config files that hold it.
+
+Case -> outcome (among the others):
+
+- a JSON or YAML config with a key twice -> refused, never last-one-wins;
+- ``window`` = "1" + 150,000 spaces + "x", 20 KB values -> one line, at once;
+- 9 exclude globs, a 1,001-character glob -> one line naming the limit;
+- a FIFO config -> "not a regular file", never blocks; a 3 GB sparse config ->
+  refused by size, never read; /dev/zero or a checkpoint as config -> its own
+  line, not "missing", never decoded.
+"""
+
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+from support.figures import MiB
+from support.python_child import run_python
 
 from flare_l2evict import ConfigError, L2EvictSettings, load_deployment_config
-from flare_l2evict._settings import settings_from_config as settings
+from flare_l2evict._settings import MAX_EXCLUDE_PATTERNS, settings_from_config as settings
 
 
 def section(**keys: object) -> dict[str, object]:
@@ -230,3 +245,97 @@ def test_a_glob_with_too_many_stars_is_refused_naming_the_limit() -> None:
         ConfigError, match=f"at most 1,000 characters and {MAX_PATTERN_STARS} '\\*'"
     ):
         settings(section(exclude=["*x" * MAX_PATTERN_STARS + "*"]))
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("twice.json", '{"plugins": {"l2evict": {"on_error": "raise", "on_error": "fallback"}}}'),
+        ("twice.yaml", "plugins:\n  l2evict:\n    on_error: raise\n    on_error: fallback\n"),
+    ],
+)
+def test_a_key_given_twice_is_refused_not_last_one_wins(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_deployment_config(path)
+    message = str(caught.value)
+    assert 'key "on_error" appears twice in one mapping' in message and "; fix: " in message
+
+
+# Bounded in time and bytes: no value or file hangs the parser or is read whole.
+def test_a_window_of_spaces_answers_at_once() -> None:
+    """Was over 60 s: the size pattern backtracked quadratically. A 10 s guard, not a speed test."""
+    out = run_python(
+        "from flare_l2evict._settings import settings_from_config\n"
+        "from flare_l2evict._errors import ConfigError\n"
+        "for value in ['1' + ' ' * 150_000 + 'x', '1' + ' ' * 20_000 + 'k' * 5, '9' * 20_000,"
+        " ' ' * 20_000 + '1', '1' * 20_000 + 'x']:\n"
+        "    try:\n"
+        "        settings_from_config({'plugins': {'l2evict': {'window': value}}})\n"
+        "    except ConfigError as error:\n"
+        "        assert len(str(error)) < 1024 and '\\n' not in str(error)\n"
+        "        print('refused')\n",
+        timeout=10,
+    )
+    assert out.split() == ["refused"] * 5
+
+
+@pytest.mark.parametrize(
+    ("value", "nbytes"),
+    [("256MiB", 256 * MiB), (" 256 mib ", 256 * MiB), ("1048576", MiB), ("64GiB", 64 << 30)],
+)
+def test_sizes_still_parse(value: str, nbytes: int) -> None:
+    assert settings({"plugins": {"l2evict": {"window": value}}}).window == nbytes
+
+
+@pytest.mark.parametrize(
+    ("exclude", "problem"),
+    [
+        (
+            [f"layer{i}.*" for i in range(MAX_EXCLUDE_PATTERNS + 1)],
+            f"at most {MAX_EXCLUDE_PATTERNS}",
+        ),
+        (["*" * 1001], "at most 1,000"),
+    ],
+)
+def test_exclude_is_bounded(exclude: list[str], problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        settings({"plugins": {"l2evict": {"exclude": exclude}}})
+
+
+def test_a_fifo_config_is_not_a_regular_file_and_does_not_block(tmp_path: Path) -> None:
+    fifo = tmp_path / "deploy.toml"
+    os.mkfifo(fifo)
+    out = run_python(
+        "from flare_l2evict._settings import load_deployment_config\n"
+        "from flare_l2evict._errors import ConfigError\n"
+        "try:\n"
+        f"    load_deployment_config({str(fifo)!r})\n"
+        "except ConfigError as error:\n"
+        "    print(error)\n",
+        timeout=20,
+    )
+    assert "not a regular file" in out and "no such" not in out
+
+
+def test_a_3_gb_config_is_refused_by_its_size_unread(tmp_path: Path) -> None:
+    huge = tmp_path / "deploy.toml"
+    with huge.open("wb") as handle:
+        handle.truncate(3 << 30)  # sparse: nothing is written, and nothing may be read
+    with pytest.raises(ConfigError, match=r"3,221,225,472 bytes, over the 1,048,576"):
+        load_deployment_config(huge)
+
+
+def test_dev_zero_as_config_is_not_a_regular_file() -> None:
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_deployment_config("/dev/zero")
+
+
+def test_a_checkpoint_passed_as_config_is_refused_before_decoding(tmp_path: Path) -> None:
+    wrong = tmp_path / "model.safetensors"
+    wrong.write_bytes(b"\0" * 2 * MiB)
+    with pytest.raises(ConfigError, match="2,097,152 bytes, over"):
+        load_deployment_config(wrong)

@@ -1,12 +1,18 @@
-"""Echoed values: at most 200 characters, one line, nothing invisible."""
+"""Echoed values: at most 200 characters, one line, nothing invisible, in bounded time.
+
+Case -> outcome: a value whose ``repr`` is slow or huge (a list of 100,000
+tensors, a 200,000-entry mapping, a class whose ``__repr__`` must not run) ->
+named in bounded time, by type where its repr is the host's own code.
+"""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+import torch
 
-from flare_l2evict._text import LIMIT, literal, shown
+from flare_l2evict._text import LIMIT, described_value, literal, shown
 from flare_l2evict.tools._lines import one_line
 
 
@@ -81,3 +87,27 @@ def test_one_line_is_at_most_1_kb_of_utf8() -> None:
         line = one_line(message)
         assert "\n" not in line and len(line.encode()) < 1024
     assert one_line("short\nmessage") == "short\\nmessage"
+
+
+class ReprMustNotRunStandIn:
+    """A host object whose ``__repr__`` would walk a whole model (here: fails the test)."""
+
+    def __repr__(self) -> str:
+        raise AssertionError("the host's __repr__ ran")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (ReprMustNotRunStandIn(), "<a ReprMustNotRunStandIn>"),
+        ([torch.zeros(1)] * 100_000, "[<Tensor>, <Tensor>"),
+        ({i: None for i in range(200_000)}, "{0: null, 1: null"),
+        (torch.zeros(1000, 1000), "<a Tensor of shape (1000, 1000) (torch.float32)>"),
+        ("n" * 10**6, "...[1,000,000 chars]"),
+        (10**5000, "<int of 16,610 bits>"),
+    ],
+    ids=["host-repr", "100k-tensors", "200k-mapping", "tensor", "long-str", "huge-int"],
+)
+def test_values_are_described_in_bounded_time(value: object, expected: str) -> None:
+    text = described_value(value, 80)
+    assert expected in text and len(text) <= 80 and "\n" not in text

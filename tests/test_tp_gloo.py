@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from figures import OWN, MiB
+from support.figures import OWN, MiB
+from support.tp_scenarios import worker
 from torch.multiprocessing.spawn import start_processes
-from tp_scenarios import worker
 
 STOCK = 64 * MiB  # max(2 x 16 MiB, 64 MiB)
 SCENARIOS = [

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA devices")
-    from nccl_rank import rank_main
+    from support.nccl_rank import rank_main
 
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     directory = tmp_path_factory.mktemp("nccl")

@@ -1,10 +1,72 @@
+"""The weights the eviction reads: which storages count, whose they are, and how they are named.
+
+Case -> outcome (the host's own tensors, through the real hook):
+
+- a tensor subclass whose ``__torch_function__`` answers ``untyped_storage()``
+  with memory only the plugin would hold -> its own storage is what counts
+  (64 bytes: nothing credited);
+- ``resident_tensors()`` returning fresh copies (``W.contiguous()`` of a
+  non-contiguous weight), or copies kept only by a reference cycle -> credit 0,
+  one line: nothing but the plugin would hold them; weights the host drops after
+  the hook -> stock from the next read, with the reason in the audit;
+- weights the host holds only by its fused storage object, or by fresh aliases
+  (``p.data``) -> the host's: credited and read to the end;
+- a host mode that records every op output while the hook runs (any dispatch or
+  function mode), flushed after it -> the host's ``nn.Parameter`` is still the
+  host's: no fallback mid-start-up;
+- an object whose ``__class__`` claims ``torch.Tensor`` with an endless shape,
+  ``dict.values()``, a Mapping whose ``items()`` blocks -> named by type at once;
+- slices with no resident owner, DLPack imports, ``frombuffer``, a numpy export
+  -> never read, one line naming them (borrowed); with the owner resident, the
+  owner is read.
+
+The host's runtime and allocator are stand-ins (named so); pluggy, the plugin,
+b12x's real seam and torch are real.
+"""
+
 from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pytest
 import torch
+import torch.utils.dlpack
+from support.figures import MiB
+from support.freed_memory import freed
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from flare_l2evict import WeightsError
+from flare_l2evict._b12x.table import stock_row
+from flare_l2evict._decision import choose_regions
+from flare_l2evict._lifecycle import active_installation
+from flare_l2evict._text import described_value
+from flare_l2evict._weights import storages_of, weight_choice
 from flare_l2evict.tools._choose_weights import choose_weights
+from flare_l2evict.tools.reference_host import (
+    ReferenceKVAllocator,
+    ReferenceRuntime,
+    plugin_manager,
+)
+
+measurement = pytest.importorskip(stock_row().module_path)
+PM = plugin_manager(["l2evict"])
+L2 = 8 * MiB  # stock's window: 64 MiB
+
+
+def runtime(
+    tensors: Any, allocator: Any = None, kind: type[ReferenceRuntime] = ReferenceRuntime
+) -> ReferenceRuntime:
+    return kind(
+        device=torch.device("cpu"),
+        config={},
+        kv_allocator=allocator or ReferenceKVAllocator(1024),
+        race_jobs=2,
+        l2_cache_bytes=L2,
+        tensors=tensors,
+    )
 
 
 def test_counts_storages_not_tensors() -> None:
@@ -92,7 +154,7 @@ def test_a_non_tensor_is_named() -> None:
 # Issue 28, "unbounded": the names a host's mapping yields are bounded in characters as well.
 def test_endless_long_names_are_refused_on_their_characters_in_bounded_memory() -> None:
     import itertools
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Mapping
 
     from flare_l2evict._weights import MAX_NAME_CHARS, storages_of
 
@@ -160,7 +222,7 @@ def test_weights_mapped_from_a_file_are_named_as_an_mmap(tmp_path: object) -> No
 
 def test_more_names_than_the_limit_is_one_line() -> None:
     # The limit is where the hook's worst case stays under 10 s (BENCHMARKS.md).
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Mapping
 
     from flare_l2evict._weights import MAX_TENSORS, storages_of
 
@@ -209,3 +271,215 @@ def test_the_info_line_names_mapped_weights_apart_from_borrowed_ones(
     (sliced,) = [line for line in lines if "slice base[a:b]" in line]
     assert "'mapped.w'" in mapped and "'slice.w'" not in mapped
     assert "'slice.w'" in sliced and "'mapped.w'" not in sliced
+
+
+# The host's own tensors: what the host holds is credited, what only the plugin would hold is not.
+class LazyStorageTensorStandIn(torch.Tensor):
+    """A host tensor subclass that builds a fresh 128 MiB storage whenever asked for one."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.untyped_storage:
+            return torch.zeros(128 * MiB // 4).untyped_storage()
+        return super().__torch_function__(func, types, args, kwargs or {})  # type: ignore[no-untyped-call]
+
+
+def test_a_subclass_cannot_answer_for_its_storage() -> None:
+    lazy = torch.zeros(16).as_subclass(LazyStorageTensorStandIn)  # 64 bytes really held
+    host = runtime({"w": lazy})
+    (report,) = PM.hook.before_first_capture(runtime=host)
+    assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
+    assert "64 distinct bytes" in (report.reason or "")
+
+
+class CopyingRuntimeStandIn(ReferenceRuntime):
+    """A host whose ``resident_tensors()`` returns a fresh copy of each weight, every call."""
+
+    def resident_tensors(self) -> dict[str, torch.Tensor]:
+        return {name: t.contiguous() for name, t in self.tensors.items()}
+
+
+def test_fresh_copies_from_resident_tensors_are_not_credited() -> None:
+    weight = torch.zeros(128 * MiB // 4).view(-1, 1024).t()  # non-contiguous: .contiguous() copies
+    host = runtime({"w": weight}, kind=CopyingRuntimeStandIn)
+    (report,) = PM.hook.before_first_capture(runtime=host)
+    assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
+    assert (report.reason or "").startswith("nothing but the plugin holds the storage of 'w'")
+    assert "fix: resident_tensors() must return the tensors" in (report.reason or "")
+    assert active_installation() is None
+    assert getattr(measurement, stock_row().function).__module__ == measurement.__name__
+
+
+def test_the_hosts_own_tensors_are_credited_and_dropping_them_later_falls_back() -> None:
+    weights = {"w": torch.zeros(128 * MiB // 4)}
+    host = runtime(weights)
+    (report,) = PM.hook.before_first_capture(runtime=host)
+    assert report.reclaimed_bytes > 0  # held by the host: credited as before
+    installed = active_installation()
+    assert installed is not None
+    eviction = installed.eviction
+    eviction()  # reads the weights
+    weights.clear()  # the host drops them: only the plugin would keep them alive
+    eviction()
+    audit = PM.hook.startup_complete(runtime=host)[0]
+    assert audit.fallback_reason is not None
+    assert audit.fallback_reason.startswith("nothing but the plugin holds the storage of 'w'")
+
+
+@pytest.mark.parametrize("kept", ["storage-object", "aliases"])
+def test_weights_the_host_holds_by_other_handles_are_still_the_hosts(kept: str) -> None:
+    # A host that keeps only its fused base storage object (vLLM-style fused buffers), or
+    # hands out fresh aliases (p.data) of tensors it keeps: held, so credited and read.
+    base = torch.zeros(128 * MiB // 4)
+    storage = base.untyped_storage()
+    model = {"w": base}
+    tensors = {"w": torch.empty(0).set_(storage)} if kept == "storage-object" else {}
+    host = runtime(tensors)
+    if kept == "aliases":
+        host.tensors = {"w": model["w"].data}  # a new alias each time the host builds it
+    (report,) = PM.hook.before_first_capture(runtime=host)
+    assert report.reclaimed_bytes > 0, report.reason
+    host.tensors = {}
+    del tensors, base
+    if kept == "storage-object":
+        model.clear()  # only the storage object is left to the host
+    installed = active_installation()
+    assert installed is not None
+    installed.eviction()
+    audit = PM.hook.startup_complete(runtime=host)[0]
+    assert audit.fallback_reason is None and audit.shortfall_bytes == 0, audit.summary()
+    assert storage.nbytes() == 128 * MiB
+
+
+class RecordingModeStandIn(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """A host's debug recorder: keeps every op output made while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.seen: list[object] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.seen.append(out)
+        return out
+
+
+def test_a_mode_that_recorded_the_hooks_ops_does_not_make_the_hosts_weights_look_dropped() -> None:
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.zeros(128 * MiB // 4), requires_grad=False)
+    host = runtime({})
+    host.tensors = dict(model.named_parameters())
+    recorder = RecordingModeStandIn()
+    with recorder:
+        (report,) = PM.hook.before_first_capture(runtime=host)
+    assert recorder.seen  # it saw the plugin's own ops (its views) while the hook ran
+    recorder.seen.clear()  # the recorder is flushed; the model keeps its parameter
+    host.tensors = {}
+    installed = active_installation()
+    assert report.reclaimed_bytes > 0 and installed is not None, report.reason
+    installed.eviction()
+    audit = PM.hook.startup_complete(runtime=host)[0]
+    assert audit.fallback_reason is None and audit.shortfall_bytes == 0, audit.summary()
+
+
+class CopyingInACycleRuntimeStandIn(ReferenceRuntime):
+    """A host whose copies are kept alive only by a reference cycle it drops at once."""
+
+    def resident_tensors(self) -> dict[str, torch.Tensor]:
+        copy = self.tensors["w"].contiguous()
+        cycle: list[object] = [copy]
+        cycle.append(cycle)
+        return {"w": copy}
+
+
+def test_a_copy_kept_only_by_a_reference_cycle_is_not_credited() -> None:
+    weight = torch.zeros(128 * MiB // 4).view(-1, 1024).t()
+    host = runtime({"w": weight}, kind=CopyingInACycleRuntimeStandIn)
+    (report,) = PM.hook.before_first_capture(runtime=host)
+    assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
+    assert (report.reason or "").startswith("nothing but the plugin holds the storage of 'w'")
+
+
+class LyingTensorStandIn:
+    """A host object whose ``__class__`` claims ``torch.Tensor`` and whose shape never ends."""
+
+    __class__ = property(lambda self: torch.Tensor)
+    shape = itertools.count()
+
+
+class BlockingMappingStandIn(Mapping[str, object]):
+    """A host mapping whose iteration must never be asked for in a message (fails the test)."""
+
+    def __getitem__(self, key: str) -> object:
+        raise AssertionError("read")
+
+    def __iter__(self) -> Iterator[str]:
+        raise AssertionError("iterated")
+
+    def __len__(self) -> int:
+        raise AssertionError("sized")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [LyingTensorStandIn(), {"w": torch.zeros(4)}.values(), BlockingMappingStandIn()],
+    ids=["lying-class", "dict-values", "blocking-mapping"],
+)
+def test_odd_values_are_named_by_their_type(value: object) -> None:
+    text = described_value(value, 80)
+    assert text == f"<a {type(value).__name__}>"
+    host = runtime({})
+    host.tensors = value  # type: ignore[assignment]
+    (report,) = PM.hook.before_first_capture(runtime=host)
+    assert report.reclaimed_bytes == 0 and "\n" not in (report.reason or "")
+
+
+# Borrowed memory: storages that do not own their memory are never read.
+def test_slices_without_their_owner_are_refused_by_name() -> None:
+    got = freed("slice-alone")
+    assert got["credited"] == 0
+    reason = str(got["reason"])
+    assert "2 borrowed" in reason and "'layers.0.w', 'layers.1.w'" in reason
+    assert "fix: include a tensor over the owning storage" in reason
+
+
+def test_borrowed_storages_are_never_read_and_one_line_names_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    owned = torch.ones(MiB // 4)
+    tensors = {
+        "dlpack": torch.utils.dlpack.from_dlpack(torch.ones(4 * MiB // 4)),
+        "buffer": torch.frombuffer(bytearray(4 * MiB), dtype=torch.float32),
+        "slice": torch.empty(0).set_(torch.ones(4 * MiB // 4).untyped_storage()[0 : 4 * MiB]),
+        "owned": owned,
+    }
+    for name in ("dlpack", "buffer", "slice"):
+        assert not tensors[name].untyped_storage().resizable()
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        found, held = storages_of(tensors, torch.device("cpu"))
+        choice = weight_choice(choose_regions(found, MiB), held, torch.device("cpu"))
+    assert [s.name for s in choice.regions] == ["owned"]
+    (line,) = [r.getMessage() for r in caplog.records if "borrows memory" in r.getMessage()]
+    assert "3 resident tensors" in line and "'buffer', 'dlpack', 'slice'" in line
+    with pytest.raises(WeightsError, match=r"3 borrowed.*'dlpack', 'buffer', 'slice'"):
+        choose_weights(tensors, "cpu", 2 * MiB)
+
+
+def test_a_slice_is_covered_by_its_resident_owner() -> None:
+    base = torch.arange(MiB // 4, dtype=torch.float32).untyped_storage()
+    tensors = {
+        "layer": torch.empty(0).set_(base[0 : MiB // 2], 0, (MiB // 8,), (1,)),
+        "owner": torch.empty(0).set_(base),
+    }
+    choice = choose_weights(tensors, "cpu", MiB // 2)
+    (region,) = choice.regions
+    assert region.name == "owner" and region.nbytes == MiB
+    assert all(p.storage.resizable() for p in region.pieces)
+
+
+def test_a_numpy_export_makes_a_cpu_storage_borrowed_as_torch_marks_it() -> None:
+    """torch marks a storage shared with numpy non-resizable; the choice reads it as borrowed."""
+    weights = torch.ones(MiB // 4)
+    weights.numpy()
+    with pytest.raises(WeightsError, match="1 borrowed"):
+        choose_weights({"w": weights}, "cpu", MiB // 2)

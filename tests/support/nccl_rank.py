@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from figures import KV_BYTES_PER_TOKEN
 
 from flare_l2evict import hookimpl
 from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_example_checkpoint
+from support.figures import KV_BYTES_PER_TOKEN
 
 
 class StorageDeviceCheck:

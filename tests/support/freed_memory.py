@@ -1,6 +1,6 @@
 """One start-up in which the host frees, moves or re-points its weights after the hook.
 
-Run as ``python tests/freed_memory.py KIND DEVICE``, in a process of its own so
+Run as ``python tests/support/freed_memory.py KIND DEVICE``, in a process of its own so
 that a regression (a read of freed memory: SIGSEGV on a CPU, an illegal memory
 access on a GPU) fails the calling test instead of ending pytest. Real pluggy,
 the real plugin, b12x's real seam (``_l2_flush_fn``) and real torch; the host's
@@ -91,7 +91,8 @@ def freed(kind: str, device: str = "cpu") -> dict[str, Any]:
     of ending the test run; so does a hang (a 300 s guard).
     """
     here = Path(__file__).parent
-    path = os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])
+    checkout = here.parents[1]  # tests/support/ -> the checkout, whose package the child imports
+    path = os.pathsep.join([str(checkout), os.environ.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, str(here / "freed_memory.py"), kind, device],
         capture_output=True,

@@ -1,4 +1,4 @@
-"""A hostile host: every behaviour a KV allocator or runtime object may show, with its outcome.
+"""The host behaviours catalogue: what a KV allocator or runtime object may do, and the outcome.
 
 The host's runtime and allocator are code the plugin does not own, so they are
 stand-ins here (named as such); pluggy, the plugin, b12x's seam and torch are real.
@@ -40,8 +40,8 @@ from typing import Any
 
 import pytest
 import torch
-from figures import OWN, MiB
 from hypothesis import HealthCheck, given, settings, strategies as st
+from support.figures import OWN, MiB
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, ReclaimReport, plugin
@@ -233,7 +233,7 @@ def aliases(count: int, nbytes: int) -> dict[str, torch.Tensor]:
     """``count`` distinct storage objects over one allocation (storage slices), and its owner.
 
     The slices borrow the owner's memory and are never read themselves
-    (tests/test_untrusted_inputs.py); the owner's tensor covers the same bytes.
+    (tests/test_weights.py); the owner's tensor covers the same bytes.
     """
     base = torch.zeros(nbytes // 4).untyped_storage()
     slices = {

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from figures import MiB
 
 import flare_l2evict
+from support.figures import MiB
 
 if TYPE_CHECKING:
     from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime
