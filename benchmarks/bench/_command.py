@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from flare_l2evict._errors import L2EvictError
 from flare_l2evict._text import shown
+from flare_l2evict.tools._cli import whole_number_in
 from flare_l2evict.tools._lines import one_line
 
 PROG = "python -m benchmarks.bench"
@@ -28,7 +29,6 @@ SECTIONS = ("memory", "cost", "coldness", "races", "hook")
 LIMITS = {"--repetitions": 100_000, "--races": 36, "--repeats": 20}
 """Upper bounds that refuse a typo before it costs hours of device time."""
 _FIX = "; fix: "
-_WHOLE = re.compile(r"^\s*[+-]?\d+\s*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d{1,3})?)$")
 
 
@@ -47,21 +47,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _bounded(flag: str) -> Any:
-    limit = LIMITS[flag]
-
-    def parse(text: str) -> int:
-        # 30 characters hold any number in range; int() of a longer one only costs time.
-        try:
-            value = int(text) if len(text) <= 30 else None
-        except ValueError:
-            value = None
-        if value is None and not _WHOLE.match(text):
-            raise argparse.ArgumentTypeError(f"'{shown(text, 40)}' is not a whole number")
-        if value is None or not 1 <= value <= limit:
-            raise argparse.ArgumentTypeError(f"'{shown(text, 40)}' must be between 1 and {limit:,}")
-        return value
-
-    return parse
+    return whole_number_in(1, LIMITS[flag])
 
 
 def _device_text(text: str) -> str:

@@ -52,7 +52,11 @@ def _size(value: int) -> str:
 
 
 def _bounded(flag: str, low: int = 1) -> Any:
-    limit = LIMITS[flag]
+    return whole_number_in(low, LIMITS[flag])
+
+
+def whole_number_in(low: int, limit: int) -> Any:
+    """An argparse ``type`` for a whole number in ``low..limit`` (the bench uses it too)."""
 
     def parse(text: str) -> int:
         # 30 characters hold any number in range; int() of a longer one only costs time.
