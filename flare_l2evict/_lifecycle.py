@@ -166,7 +166,7 @@ class Process:
             finally:
                 made.applying = False
                 if made.restored:
-                    made.restore()
+                    made.settle()  # nothing is offered yet: settling restores
         return made
 
     def release(self, installation: Installation) -> None:
