@@ -260,22 +260,27 @@ class WeightEviction:
         """The first storage read that nothing but this object holds (``None``: none)."""
         if _use_count is None or not self._ours:
             return None
+        lone = self._lone_hosts()
         for slot, ours in enumerate(self._ours):
             # _cdata is the storage's C++ address, fixed while this object holds the storage.
-            if _use_count(self._cdatas[slot]) > ours + 1 + self._lone_hosts(slot):
+            cdata = self._cdatas[slot]
+            if _use_count(cdata) > ours + 1 + (lone.count(cdata) if lone else 0):
                 continue  # another tensor of the host's (+1: the storage object)
             if sys.getrefcount(self._storages[slot]) > _LONE_REFS:
                 continue  # the host holds the storage object (a fused base it keeps)
             return slot
         return None
 
-    def _lone_hosts(self, slot: int) -> int:
-        """Host tensors on ``slot``'s storage that nothing but this object still holds."""
-        lone = 0
+    def _lone_hosts(self) -> list[int]:
+        """The storages (``_cdata``) of host tensors nothing but this object still holds.
+
+        One pass per read: usually empty, so no storage object is made.
+        """
+        lone: list[int] = []
         for tensor in self._hosts:
             if sys.getrefcount(tensor) <= _LONE_TENSOR_REFS + 1:  # +1: the loop's own name
                 with torch._C.DisableTorchFunction():
-                    lone += tensor.untyped_storage()._cdata == self._cdatas[slot]
+                    lone.append(tensor.untyped_storage()._cdata)
         return lone
 
     def unheld(self) -> str | None:
