@@ -35,16 +35,6 @@ _NONE = object()
 _FIX = 'as the README\'s "Without flare" shows'
 
 
-def _first_value(tensors: object) -> object:
-    """The mapping's first value (``_NONE``: not a mapping, empty, or it raised)."""
-    if not isinstance(tensors, Mapping):
-        return _NONE
-    try:
-        return next(iter(tensors.values()), _NONE)
-    except Exception:
-        return _NONE
-
-
 def _plain(value: object) -> object:
     """A ``str`` subclass of the program's as the plain text it holds (its methods may raise)."""
     return str.__str__(value) if issubclass(type(value), str) else value
@@ -68,14 +58,19 @@ def _settings(window: object, exclude: object, on_error: object) -> L2EvictSetti
 def _device_of(tensors: object, device: object) -> torch.device | str:
     """The block's device (given, else the first tensor's), or what is wrong, in its words."""
     if device is not None:
-        found = _device(_plain(device)) if type(device) is not torch.device else device
+        found = device if type(device) is torch.device else _device(device)
         if found is None:
             return (
                 f"device = {described_value(device, 80)}; nothing changed; fix: pass device= "
                 "as a torch.device or text of a cuda (or cpu) device"
             )
         return found
-    first = _first_value(tensors)
+    first: object = _NONE  # stays so when tensors is no mapping, is empty, or iterating it raised
+    if isinstance(tensors, Mapping):
+        try:
+            first = next(iter(tensors.values()), _NONE)
+        except Exception:
+            pass
     try:
         found = first.device  # type: ignore[attr-defined]
         if type(found) is torch.device and found.type in ("cpu", "cuda"):

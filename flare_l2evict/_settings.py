@@ -25,14 +25,13 @@ else:  # pragma: no cover - exercised on 3.10 only
 SECTION = ("plugins", "l2evict")
 _SECTION_NAME = ".".join(SECTION)
 
-_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
-# Matched against a stripped value of at most _SIZE_CHARS characters, with fullmatch:
-# one run of blanks between digits and unit, so no two quantifiers compete for a
-# character (the old ``\s*...\s*$`` backtracked quadratically on "1" + spaces + "x").
-# ASCII digits only: int() would read "２５６" too, but no operator means that.
+_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}  # by the unit's first letter
+# Full-matched against a stripped value of at most _SIZE_CHARS characters: one run of
+# blanks between digits and unit, so no two quantifiers compete for a character (the old
+# ``\s*...\s*$`` backtracked quadratically on "1" + spaces + "x"). ASCII digits only:
+# int() would read "２５６" too, but no operator means that.
 _SIZE = re.compile(r"([0-9]+)[ \t]*([kmg]i?b|b)?", re.IGNORECASE)
-_SIZE_CHARS = 32
-"""Longer than any size a window takes ("68719476736 b" is 13); longer is not a size."""
+_SIZE_CHARS = 32  # longer than any size a window takes ("68719476736 b" is 13)
 
 MAX_EXCLUDE_PATTERNS = 8
 """Globs ``exclude`` may list: each costs a match per resident tensor (250,000 at most;
@@ -43,9 +42,8 @@ MAX_PATTERN_STARS = 4
 """``*`` one glob may hold: each lets a match try every position again (16 cost 35 s)."""
 MAX_CONFIG_BYTES = 1 << 20
 """A deployment config over 1 MiB is a wrong file (a checkpoint, a log), not a config."""
+_DIRECTORY = "{}: is a directory, not a config file; fix: pass --config FILE"
 
-DISABLED = f"disabled by config ({_SECTION_NAME}.enabled = false)"
-"""The one reason every path gives when the deployment turned the plugin off."""
 MIN_WINDOW_BYTES = 1 << 20
 """A window below 1 MiB displaces no GPU's L2; it is a typo, not a setting."""
 MAX_WINDOW_BYTES = 64 << 30
@@ -62,23 +60,6 @@ ALLOWED: dict[str, str] = {
     f"{MAX_PATTERN_STARS} '*')",
     "on_error": "'fallback' (the default: keep stock b12x and reclaim 0) or 'raise'",
 }
-
-
-def _parse_size(value: object) -> int | str | None:
-    if value is None or isinstance(value, bool):
-        raise ValueError("not a size")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        lowered = value.strip().lower()  # linear; what is left is at most _SIZE_CHARS long
-        if lowered == "stock":
-            return lowered
-        match = _SIZE.fullmatch(lowered) if len(lowered) <= _SIZE_CHARS else None
-        if match:
-            unit = (match.group(2) or "").replace("kb", "kib").replace("mb", "mib")
-            unit = unit.replace("gb", "gib")
-            return int(match.group(1)) * _UNITS[unit]
-    raise ValueError("not a size")
 
 
 class L2EvictSettings(BaseModel):
@@ -103,27 +84,34 @@ class L2EvictSettings(BaseModel):
 
     @field_validator("window", mode="before")
     @classmethod
-    def _window(cls, value: object) -> int | str | None:
-        parsed = _parse_size(value)
-        if isinstance(parsed, int) and not (
-            MIN_WINDOW_BYTES <= parsed <= MAX_WINDOW_BYTES and parsed % 4 == 0
-        ):
-            # The eviction reads whole float32 words; a window it cannot read in
-            # full would be credited for reads that never happen.
-            raise ValueError("out of range")
-        return parsed
+    def _window(cls, value: object) -> int | str:
+        size = value if isinstance(value, int) and not isinstance(value, bool) else None
+        if isinstance(value, str):
+            lowered = value.strip().lower()  # linear; what is left is at most _SIZE_CHARS long
+            if lowered == "stock":
+                return lowered
+            match = _SIZE.fullmatch(lowered) if len(lowered) <= _SIZE_CHARS else None
+            if match:
+                size = int(match.group(1)) * _UNITS[(match.group(2) or "b")[0]]
+        # The eviction reads whole float32 words; a window it cannot read in full
+        # would be credited for reads that never happen.
+        if size is None or not (MIN_WINDOW_BYTES <= size <= MAX_WINDOW_BYTES and size % 4 == 0):
+            raise ValueError("not a size in range")
+        return size
 
     @field_validator("exclude", mode="before")
     @classmethod
     def _exclude(cls, value: object) -> object:
-        if isinstance(value, str) or not isinstance(value, list | tuple):
-            raise ValueError("not a list")
-        if len(value) > MAX_EXCLUDE_PATTERNS:
-            raise ValueError("too many patterns")
-        if not all(isinstance(item, str) and 0 < len(item) <= MAX_PATTERN_CHARS for item in value):
-            raise ValueError("not a list of non-empty strings of bounded length")
-        if any(item.count("*") > MAX_PATTERN_STARS for item in value):
-            raise ValueError("too many '*' in a pattern")
+        if (
+            isinstance(value, str)
+            or not isinstance(value, list | tuple)
+            or len(value) > MAX_EXCLUDE_PATTERNS
+            or not all(
+                isinstance(item, str) and 0 < len(item) <= MAX_PATTERN_CHARS for item in value
+            )
+            or any(item.count("*") > MAX_PATTERN_STARS for item in value)
+        ):
+            raise ValueError("not a list of at most 8 bounded globs")
         return tuple(value)
 
 
@@ -181,15 +169,6 @@ def settings_from_section(section: Mapping[str, Any]) -> L2EvictSettings:
         raise ConfigError(_one_line(error, section)) from None
 
 
-def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
-    """The validated ``[plugins.l2evict]`` section; defaults when it is absent.
-
-    Raises :class:`ConfigError` in one line naming each bad key and what it accepts.
-    Other sections belong to the host and are not inspected.
-    """
-    return settings_from_section(read_section(config))
-
-
 def load_deployment_config(path: str | Path) -> dict[str, Any]:
     """Read a deployment config: TOML (``.toml``), YAML (``.yaml``/``.yml``) or JSON.
 
@@ -236,8 +215,10 @@ def _read_config_text(path: Path, where: str) -> str:
     Checked on the handle, opened without blocking, before any byte is read: a FIFO
     never blocks start-up, and a 3 GB file costs nothing.
     """
-    fd, info = _open_config(path, where)
-    with os.fdopen(fd, "rb") as handle:
+    with os.fdopen(_open_config(path, where), "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if stat.S_ISDIR(info.st_mode):
+            raise ConfigError(_DIRECTORY.format(where))
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError(
                 f"{where}: not a regular file (a FIFO, socket or device); fix: pass the "
@@ -280,8 +261,8 @@ def _read_config_text(path: Path, where: str) -> str:
         ) from None
 
 
-def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
-    """An open descriptor of ``path`` (not a directory) and its ``fstat``; never blocks."""
+def _open_config(path: Path, where: str) -> int:
+    """An open descriptor of ``path``; never blocks."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -290,12 +271,11 @@ def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
             f"{where}: no such config file; fix: pass an existing --config FILE"
         ) from None
     except IsADirectoryError:
-        raise ConfigError(
-            f"{where}: is a directory, not a config file; fix: pass --config FILE"
-        ) from None
+        raise ConfigError(_DIRECTORY.format(where)) from None
     except PermissionError:
+        user = os.getuid() if hasattr(os, "getuid") else "unknown"  # no getuid on Windows
         raise ConfigError(
-            f"{where}: permission denied: this process (user id {_user()}) may not read the "
+            f"{where}: permission denied: this process (user id {user}) may not read the "
             "config file; fix: make it readable by the user the server runs as (chmod a+r)"
         ) from None
     except (OSError, ValueError) as error:  # ValueError: a NUL inside the path
@@ -304,15 +284,7 @@ def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
             f"{where}: cannot open the config file ({shown(reason, 200)}); fix: pass a config "
             "file this process can open"
         ) from None
-    try:
-        info = os.fstat(fd)
-    except OSError:
-        os.close(fd)
-        raise
-    if stat.S_ISDIR(info.st_mode):
-        os.close(fd)
-        raise ConfigError(f"{where}: is a directory, not a config file; fix: pass --config FILE")
-    return fd, info
+    return fd
 
 
 def _no_alias_loader(yaml: Any, path: Path) -> type:
@@ -362,8 +334,3 @@ def wants_raise(section: Mapping[str, Any]) -> bool:
     """
     value = section.get("on_error")
     return type(value) is str and value == "raise"
-
-
-def _user() -> str:
-    getuid = getattr(os, "getuid", None)  # not on Windows
-    return "unknown" if getuid is None else str(getuid())
