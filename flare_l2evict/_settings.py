@@ -26,10 +26,9 @@ SECTION = ("plugins", "l2evict")
 _SECTION_NAME = ".".join(SECTION)
 
 _UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}  # by the unit's first letter
-# Full-matched against a stripped value of at most _SIZE_CHARS characters: one run of
-# blanks between digits and unit, so no two quantifiers compete for a character (the old
-# ``\s*...\s*$`` backtracked quadratically on "1" + spaces + "x"). ASCII digits only:
-# int() would read "２５６" too, but no operator means that.
+# One run of blanks between digits and unit, so no two quantifiers compete for a character
+# (``\s*...\s*$`` backtracked quadratically on "1" + spaces + "x"). ASCII digits only: int()
+# would read "２５６" too, but no operator means that.
 _SIZE = re.compile(r"([0-9]+)[ \t]*([kmg]i?b|b)?", re.IGNORECASE)
 _SIZE_CHARS = 32  # longer than any size a window takes ("68719476736 b" is 13)
 
@@ -76,10 +75,7 @@ class L2EvictSettings(BaseModel):
     on_error: Literal["fallback", "raise"] = "fallback"
 
     def window_bytes(self, l2_cache_bytes: int) -> int:
-        """The bytes each eviction reads on a device with this L2 size.
-
-        ``"stock"``: ``max(2 x L2, 64 MiB)`` in whole float32 words, as stock's buffer.
-        """
+        """The bytes each eviction reads with this L2 size (``"stock"``: stock's buffer's)."""
         return stock_buffer_bytes(l2_cache_bytes) if self.window == "stock" else int(self.window)
 
     @field_validator("window", mode="before")
@@ -115,8 +111,7 @@ class L2EvictSettings(BaseModel):
         return tuple(value)
 
 
-_PROBLEMS_SHOWN = 3
-"""Problems one config error names; a section of 10,000 bad keys still gives one short line."""
+_PROBLEMS_SHOWN = 3  # a section of 10,000 bad keys still gives one short line
 
 
 def _one_line(error: ValidationError, section: Mapping[str, Any]) -> str:
@@ -138,8 +133,8 @@ def _one_line(error: ValidationError, section: Mapping[str, Any]) -> str:
 def read_section(config: object) -> dict[str, Any]:
     """The ``[plugins.l2evict]`` section, read once into a plain dict; ``{}`` when absent.
 
-    Read once, so every later step sees the same values, even from a host mapping
-    that answers differently each time. :class:`ConfigError` if a table is not one.
+    Every later step sees the same values, even from a host mapping that answers
+    differently each time. :class:`ConfigError` if a table is not one.
     """
     section: object = {} if config is None else config
     path: list[str] = []
@@ -210,11 +205,8 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
 
 
 def _read_config_text(path: Path, where: str) -> str:
-    """The config's text, read only once it is known to be a small regular file of a known kind.
-
-    Checked on the handle, opened without blocking, before any byte is read: a FIFO
-    never blocks start-up, and a 3 GB file costs nothing.
-    """
+    """The text of a small regular file of a known kind, checked on the handle (opened
+    without blocking) before a byte is read: a FIFO never blocks, a 3 GB file costs nothing."""
     with os.fdopen(_open_config(path, where), "rb") as handle:
         info = os.fstat(handle.fileno())
         if stat.S_ISDIR(info.st_mode):
