@@ -42,16 +42,15 @@ def _cut(text: str, limit: int, *, complete: bool = True, total: int | None = No
     limit = max(limit, 16)
     pieces: list[str] = []
     used = 0
-    fits = True
     for char in text:
         piece = _escaped(char)
         if used + len(piece) > limit:
-            fits = False
             break
         pieces.append(piece)
         used += len(piece)
-    if fits and complete:
-        return "".join(pieces)
+    else:  # every character fitted
+        if complete:
+            return "".join(pieces)
     marker = "..." if total is None else f"...[{total:,} chars]"
     while pieces and used + len(marker) > limit:
         used -= len(pieces.pop())
