@@ -207,10 +207,8 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
 def _read_config_text(path: Path, where: str) -> str:
     """The text of a small regular file of a known kind, checked on the handle (opened
     without blocking) before a byte is read: a FIFO never blocks, a 3 GB file costs nothing."""
-    with os.fdopen(_open_config(path, where), "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if stat.S_ISDIR(info.st_mode):
-            raise ConfigError(_DIRECTORY.format(where))
+    fd, info = _open_config(path, where)
+    with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError(
                 f"{where}: not a regular file (a FIFO, socket or device); fix: pass the "
@@ -253,8 +251,8 @@ def _read_config_text(path: Path, where: str) -> str:
         ) from None
 
 
-def _open_config(path: Path, where: str) -> int:
-    """An open descriptor of ``path``; never blocks."""
+def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
+    """A descriptor of ``path``, opened without blocking, and its ``fstat``; never a directory."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -276,7 +274,15 @@ def _open_config(path: Path, where: str) -> int:
             f"{where}: cannot open the config file ({shown(reason, 200)}); fix: pass a config "
             "file this process can open"
         ) from None
-    return fd
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if stat.S_ISDIR(info.st_mode):
+        os.close(fd)
+        raise ConfigError(_DIRECTORY.format(where))
+    return fd, info
 
 
 def _no_alias_loader(yaml: Any, path: Path) -> type:
