@@ -136,14 +136,12 @@ def snapshot(runtime: object) -> Snapshot:
             values[name] = _MISSING
             errors[name] = described(error, 200)
     add: Callable[[Any], object] | None = None
-    allocator = values["kv_allocator"]
-    if allocator is not _MISSING and allocator is not None:
-        try:
-            found = getattr(allocator, "add_reclaimed", None)
-        except Exception as error:
-            errors["kv_allocator"] = f"reading add_reclaimed raised {described(error, 200)}"
-        else:
-            add = found if callable(found) else None
+    try:  # None when kv_allocator is missing or None
+        found = getattr(values["kv_allocator"], "add_reclaimed", None)
+    except Exception as error:
+        errors["kv_allocator"] = f"reading add_reclaimed raised {described(error, 200)}"
+    else:
+        add = found if callable(found) else None
     return Snapshot(values, errors, add)
 
 
