@@ -1,11 +1,8 @@
 """Tensor-parallel agreement: every rank hands the KV allocator the same figure.
 
-Each rank writes its vote (figure, reason, settings digest) once into the
-default store (``compare_set`` from empty) and waits at most
-:data:`AGREE_TIMEOUT_S` for the others'. A vote still missing when a wait ends
-is written as "late" by the rank that waited, so every rank reads the same
-votes and credits 0. A rank without a usable ``process_group`` votes into the
-default group's slot and does not wait.
+Who votes, waits and credits what: docs/tensor-parallelism.md. A vote is written
+once (``compare_set`` from empty), so a vote written "late" by a rank whose wait
+ended is what every rank reads.
 """
 
 from __future__ import annotations
@@ -47,8 +44,8 @@ AGREE_TIMEOUT_S = 120.0
 """Seconds a rank waits for the other ranks' votes; then the missing ones are voted out (0)."""
 
 _ROUNDS = itertools.count()
-"""Agreements made: every rank calls :func:`agree` once per start-up (a lone rank with no
-group does not), so the n-th call is the same start-up on every rank, with keys of its own."""
+"""Agreements made: every rank's n-th :func:`agree` (a lone rank with no group makes none) is
+the same start-up, with keys of its own."""
 _LATE = "late"
 _PREFIX = "flare_l2evict/agree"
 
@@ -60,10 +57,7 @@ def settings_digest(settings: L2EvictSettings | None) -> tuple[str, dict[str, An
     return hashlib.sha256(text.encode()).hexdigest()[:12], dumped
 
 
-def agree(
-    outcome: RankOutcome,
-    group: dist.ProcessGroup | None,
-) -> Agreement:
+def agree(outcome: RankOutcome, group: dist.ProcessGroup | None) -> Agreement:
     """The minimum reclaimed bytes over the ranks of ``group``; the same on every rank.
 
     Every rank must call this exactly once per start-up, whatever happened to it
@@ -122,12 +116,12 @@ def _gather(
 def _combine(outcome: RankOutcome, outcomes: list[RankOutcome]) -> Agreement:
     """The agreement every rank computes alike from the same outcomes."""
     fallback = {o.rank: o.reason or "reclaimed nothing" for o in outcomes if o.reclaimed_bytes == 0}
-    digests = {o.settings_digest for o in outcomes}
-    if len(digests) > 1:
-        first = outcomes[0]
-        differing = [o for o in outcomes if o.settings_digest != first.settings_digest]
-        shown_ranks = [first, differing[0]]
-        detail = "; ".join(f"rank {o.rank}: {literal(o.settings, 200)}" for o in shown_ranks)
+    first = outcomes[0]
+    differing = [o for o in outcomes if o.settings_digest != first.settings_digest]
+    if differing:
+        detail = "; ".join(
+            f"rank {o.rank}: {literal(o.settings, 200)}" for o in (first, differing[0])
+        )
         if len(differing) > 1:
             detail += f"; and {len(differing) - 1} more ranks"
         return Agreement(
@@ -162,10 +156,8 @@ def _default_store() -> Any:
 
 def _members(group: object) -> list[int] | None:
     """The group's ranks in the default group, in group order; ``None`` if it is no group."""
-    if group is None:
-        return None
     try:
-        return list(dist.get_process_group_ranks(group))  # type: ignore[arg-type]
+        return None if group is None else list(dist.get_process_group_ranks(group))  # type: ignore[arg-type]
     except Exception:
         return None
 
@@ -175,10 +167,9 @@ def _keys(members: list[int], number: int) -> list[str]:
     return [f"{_PREFIX}/{group}/{number}/{rank}" for rank in members]
 
 
-def _vote(store: Any, key: str, outcome: RankOutcome) -> bytes:
-    """Write ``outcome`` into ``key`` unless it is written already; what the key holds now."""
-    found: bytes = store.compare_set(key, "", json.dumps(asdict(outcome)))
-    return found
+def _vote(store: Any, key: str, outcome: RankOutcome) -> None:
+    """Write ``outcome`` into ``key`` unless it is written already."""
+    store.compare_set(key, "", json.dumps(asdict(outcome)))
 
 
 def _exchange(
@@ -192,8 +183,5 @@ def _exchange(
     except Exception:  # the wait ran out: the missing votes become "late", once, for everyone
         for key in keys:
             store.compare_set(key, "", _LATE)
-    votes: list[RankOutcome | None] = []
-    for key in keys:
-        raw = bytes(store.get(key)).decode("utf-8", "replace")
-        votes.append(None if raw == _LATE else RankOutcome(**json.loads(raw)))
-    return votes
+    raws = [bytes(store.get(key)).decode("utf-8", "replace") for key in keys]
+    return [None if raw == _LATE else RankOutcome(**json.loads(raw)) for raw in raws]

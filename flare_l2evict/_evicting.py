@@ -1,8 +1,7 @@
 """The start-up's promise for programs that are not flare hosts: :func:`evicting_from`.
 
-It checks its arguments once, in its own words, and runs the start-up's core
-(:mod:`._core`): the report is returned, not offered, and every line names the
-block's arguments.
+Its arguments are checked once, then the core (:mod:`._core`) runs: the report is
+returned, not offered, and every line names the block's arguments, not a runtime's.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from ._lifecycle import PROCESS, Startup, ensure_ended
 from ._log import say
 from ._report import PROGRAM, ReclaimReport
 from ._runtime import MAX_L2_BYTES, MAX_RACE_JOBS, Placement, _device, whole_number
-from ._settings import ALLOWED, L2EvictSettings
+from ._settings import ALLOWED, L2EvictSettings, wants_raise
 from ._text import described_value, literal
 
 if TYPE_CHECKING:
@@ -32,17 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("flare_l2evict")
 
 _NONE = object()
+_Checked = tuple[torch.device, int, int | None, L2EvictSettings]
 _FIX = 'as the README\'s "Without flare" shows'
-
-
-def _first_value(tensors: object) -> object:
-    """The mapping's first value (``_NONE``: not a mapping, empty, or it raised)."""
-    if not isinstance(tensors, Mapping):
-        return _NONE
-    try:
-        return next(iter(tensors.values()), _NONE)
-    except Exception:
-        return _NONE
 
 
 def _plain(value: object) -> object:
@@ -68,14 +58,24 @@ def _settings(window: object, exclude: object, on_error: object) -> L2EvictSetti
 def _device_of(tensors: object, device: object) -> torch.device | str:
     """The block's device (given, else the first tensor's), or what is wrong, in its words."""
     if device is not None:
-        found = _device(_plain(device)) if type(device) is not torch.device else device
+        found = device if type(device) is torch.device else _device(device)
         if found is None:
             return (
                 f"device = {described_value(device, 80)}; nothing changed; fix: pass device= "
                 "as a torch.device or text of a cuda (or cpu) device"
             )
+        if not isinstance(tensors, Mapping):
+            return (
+                f"tensors is {described_value(tensors)}, not a mapping of names to tensors; "
+                "nothing changed; fix: pass {name: tensor} for the tensors that stay resident"
+            )
         return found
-    first = _first_value(tensors)
+    first: object = _NONE  # stays so when tensors is no mapping, is empty, or iterating it raised
+    if isinstance(tensors, Mapping):
+        try:
+            first = next(iter(tensors.values()), _NONE)
+        except Exception:
+            pass
     try:
         found = first.device  # type: ignore[attr-defined]
         if type(found) is torch.device and found.type in ("cpu", "cuda"):
@@ -93,8 +93,15 @@ def _device_of(tensors: object, device: object) -> torch.device | str:
     )
 
 
-def _counts(race_jobs: object, l2: object, device: torch.device) -> tuple[int, int | None] | str:
-    """``race_jobs`` and ``l2_cache_bytes`` checked, or what is wrong, in the program's words."""
+def _checked(tensors: object, given: dict[str, Any]) -> _Checked | str:
+    """The block's arguments checked, or what is wrong with the first bad one, in its words."""
+    settings = _settings(given["window"], given["exclude"], given["on_error"])
+    if isinstance(settings, str):
+        return settings
+    device = _device_of(tensors, given["device"])
+    if isinstance(device, str):
+        return device
+    race_jobs, l2 = given["race_jobs"], given["l2_cache_bytes"]
     jobs = whole_number(race_jobs)
     if jobs is None or not 0 < jobs <= MAX_RACE_JOBS:
         return (
@@ -111,7 +118,7 @@ def _counts(race_jobs: object, l2: object, device: torch.device) -> tuple[int, i
             f"pass None on a CUDA device (read from it) or the L2 size in bytes "
             f"(1..{MAX_L2_BYTES:,})"
         )
-    return jobs, size
+    return device, jobs, size, settings
 
 
 def _refused(problem: str, raising: bool) -> ReclaimReport:
@@ -131,10 +138,10 @@ def _orphaned(startup: Startup) -> None:
 
 
 class _Block:
-    """One ``evicting_from`` block: its checked arguments, then its start-up (see its docs).
+    """One ``evicting_from`` block: its checked arguments, then its start-up.
 
-    The program's mapping is held only until the core has read it, so a tensor
-    nothing but the block held is not credited.
+    The program's mapping is held only until the core has read it, so a tensor nothing
+    but the block held is not credited.
     """
 
     def __init__(self, tensors: object, arguments: dict[str, Any]) -> None:
@@ -147,16 +154,16 @@ class _Block:
         return tensors  # type: ignore[return-value]
 
     def __enter__(self) -> ReclaimReport:
-        given = self._arguments
-        raising = type(given["on_error"]) is str and given["on_error"] == "raise"
+        raising = wants_raise(self._arguments)
         try:
-            checked = self._checked()
+            checked = _checked(self._tensors, self._arguments)
         except Exception as error:  # arguments of the program's whose methods raise
             checked = f"an argument could not be read ({reason_of(error)}); nothing changed"
         if isinstance(checked, str):
             self._tensors = None
             return _refused(checked, raising)
-        request, settings = checked
+        device, jobs, l2, settings = checked
+        request = _core.Request(device, l2, jobs, self._take, None, PROGRAM)
         startup, new = PROCESS.begin(self)
         if not new:
             self._tensors = None
@@ -188,25 +195,6 @@ class _Block:
         except BaseException:
             self.__exit__(None, None, None)
             raise
-
-    def _checked(self) -> tuple[_core.Request, L2EvictSettings] | str:
-        given = self._arguments
-        settings = _settings(given["window"], given["exclude"], given["on_error"])
-        if isinstance(settings, str):
-            return settings
-        device = _device_of(self._tensors, given["device"])
-        if isinstance(device, str):
-            return device
-        if not isinstance(self._tensors, Mapping):
-            return (
-                f"tensors is {described_value(self._tensors)}, not a mapping of names to "
-                "tensors; nothing changed; fix: pass {name: tensor} for the tensors that stay "
-                "resident"
-            )
-        counts = _counts(given["race_jobs"], given["l2_cache_bytes"], device)
-        if isinstance(counts, str):
-            return counts
-        return _core.Request(device, counts[1], counts[0], self._take, None, PROGRAM), settings
 
     def __exit__(
         self,

@@ -7,6 +7,7 @@ behaviour escapes the hook's fallback guard.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,25 +30,10 @@ _MISSING = object()
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """Each contract attribute of ``runtime`` as read once: its value, or why it could not be."""
-
-    values: dict[str, object]
-    errors: dict[str, str]
-    add_reclaimed: Callable[[Any], object] | None
-
-    def get(self, name: str) -> object:
-        """The attribute's value; ``None`` when it is missing or reading it raised."""
-        found = self.values.get(name, _MISSING)
-        return None if found is _MISSING else found
-
-
-@dataclass(frozen=True)
 class Placement:
     """Where this process sits, read leniently so even a faulty runtime gets a valid report.
 
-    ``rank``/``world_size`` fall back to 0/1 and ``device`` to the host's text; the
-    strict reading is :func:`read_runtime`.
+    ``rank``/``world_size`` fall back to 0/1 and ``device`` to the host's text.
     """
 
     device: str
@@ -58,23 +44,85 @@ class Placement:
 
 @dataclass(frozen=True)
 class RuntimeFacts:
-    """The runtime's attributes, checked: what every later step may rely on.
+    """What :func:`read_runtime` checked and the core reads.
 
-    Invariants: ``device`` is ``cpu`` or ``cuda``; ``0 <= rank < world_size``; a
-    ``process_group`` has ``world_size`` ranks with this process at ``rank``;
-    ``race_jobs`` in ``0..MAX_RACE_JOBS``; ``l2_cache_bytes`` ``None`` (read from
-    CUDA) or in ``1..MAX_L2_BYTES``; the two callables are callable.
+    ``device`` is ``cpu`` or ``cuda``; ``race_jobs`` in ``0..MAX_RACE_JOBS``;
+    ``l2_cache_bytes`` ``None`` (read from CUDA) or in ``1..MAX_L2_BYTES``;
+    ``add_reclaimed`` a plain (not ``async``) callable.
     """
 
     device: torch.device
-    rank: int
-    world_size: int
-    process_group: object | None
-    config: Mapping[str, Any]
     race_jobs: int
     l2_cache_bytes: int | None
     add_reclaimed: Callable[[Any], object]
     resident_tensors: Callable[[], object]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Each contract attribute of ``runtime`` as read once: its value, or why it could not be.
+
+    Its strict checks (:func:`read_runtime`) raise what :meth:`bad` words.
+    """
+
+    values: dict[str, object]
+    errors: dict[str, str]
+    add_reclaimed: Callable[[Any], object] | None
+
+    def get(self, name: str) -> object:
+        """The attribute's value; ``None`` when it is missing or reading it raised."""
+        found = self.values.get(name, _MISSING)
+        return None if found is _MISSING else found
+
+    def bad(self, name: str, accepts: str) -> RuntimeContractError:
+        value = self.values[name]
+        if name in self.errors:
+            got = f"raised {self.errors[name]}"
+        elif value is _MISSING:
+            got = "missing"
+        else:
+            got = "= " + described_value(value, 80)
+        return RuntimeContractError(
+            f"runtime.{name} {got}: the host must pass {accepts} ({_CONTRACT})"
+        )
+
+    def device(self) -> torch.device:
+        device = _device(self.get("device"))
+        if device is None:
+            raise self.bad("device", "a torch.device of type cuda (or cpu on the reference host)")
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise self.bad(
+                    "device", "a device this process can use (CUDA is not available here)"
+                )
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise self.bad("device", f"a CUDA device in 0..{torch.cuda.device_count() - 1}")
+        return device
+
+    def topology(self) -> None:
+        """``rank`` and ``world_size`` checked, and the ``process_group`` against both."""
+        world = whole_number(self.get("world_size"))
+        if world is None or world < 1:
+            raise self.bad("world_size", "a whole number >= 1")
+        rank = whole_number(self.get("rank"))
+        if rank is None or not 0 <= rank < world:
+            raise self.bad("rank", f"a whole number in 0..{world - 1} (below world_size {world})")
+        group = self.get("process_group")
+        if world > 1 and group is None:
+            raise self.bad("process_group", "the tensor-parallel process group when world_size > 1")
+        if group is not None:
+            _check_group(group, rank, world)
+
+    def l2_cache_bytes(self, device: torch.device) -> int | None:
+        l2_value = self.get("l2_cache_bytes")
+        l2 = None if l2_value is None else whole_number(l2_value)
+        if l2_value is not None and (l2 is None or not 0 < l2 <= MAX_L2_BYTES):
+            raise self.bad(
+                "l2_cache_bytes", f"None or a whole number of bytes in 1..{MAX_L2_BYTES:,}"
+            )
+        if l2 is None and device.type != "cuda":
+            raise self.bad("l2_cache_bytes", f"the L2 size in bytes on a {device.type} device")
+        return l2
 
 
 def snapshot(runtime: object) -> Snapshot:
@@ -88,14 +136,12 @@ def snapshot(runtime: object) -> Snapshot:
             values[name] = _MISSING
             errors[name] = described(error, 200)
     add: Callable[[Any], object] | None = None
-    allocator = values["kv_allocator"]
-    if allocator is not _MISSING and allocator is not None:
-        try:
-            found = getattr(allocator, "add_reclaimed", None)
-        except Exception as error:
-            errors["kv_allocator"] = f"reading add_reclaimed raised {described(error, 200)}"
-        else:
-            add = found if callable(found) else None
+    try:  # None when kv_allocator is missing or None
+        found = getattr(values["kv_allocator"], "add_reclaimed", None)
+    except Exception as error:
+        errors["kv_allocator"] = f"reading add_reclaimed raised {described(error, 200)}"
+    else:
+        add = found if callable(found) else None
     return Snapshot(values, errors, add)
 
 
@@ -124,134 +170,64 @@ def _device(value: object) -> torch.device | None:
 
 def placement(seen: Snapshot) -> Placement:
     """What a report needs to name this process, whatever the host passed; never raises."""
+    group = seen.get("process_group")
+
+    def lenient(name: str, absent: int) -> int | None:
+        raw = seen.values[name]
+        if name in seen.errors:
+            return None
+        return absent if raw is _MISSING else whole_number(raw)
+
     try:
-        return _placement(seen)
+        rank, world = lenient("rank", 0), lenient("world_size", 1)
+        if rank is None or world is None or not 0 <= rank < world:
+            rank, world = 0, 1
+        raw_device = seen.values["device"]
+        device = _device(raw_device)
+        if device is not None:
+            where = str(device)
+        elif raw_device is _MISSING:
+            where = "unknown device"
+        else:
+            where = described_value(raw_device, 40)
     except Exception:
-        group = seen.values.get("process_group", None)
-        return Placement("unknown device", 0, 1, None if group is _MISSING else group)
+        return Placement("unknown device", 0, 1, group)
+    return Placement(where, rank, world, group)
 
 
-def _placement(seen: Snapshot) -> Placement:
-    raw_device = seen.values["device"]
-    device = _device(raw_device)
-    rank = whole_number(seen.values["rank"]) if "rank" not in seen.errors else None
-    world = whole_number(seen.values["world_size"]) if "world_size" not in seen.errors else None
-    if seen.values["rank"] is _MISSING and "rank" not in seen.errors:
-        rank = 0
-    if seen.values["world_size"] is _MISSING and "world_size" not in seen.errors:
-        world = 1
-    if rank is None or world is None or not 0 <= rank < world:
-        rank, world = 0, 1
-    if device is not None:
-        where = str(device)
-    elif raw_device is _MISSING:
-        where = "unknown device"
-    else:
-        where = described_value(raw_device, 40)
-    group = seen.values["process_group"]
-    return Placement(where, rank, world, None if group is _MISSING else group)
-
-
-def _described(value: object) -> str:
-    """What a value is, in bounded time: never iterates a tensor's elements."""
-    kind = type(value)  # never __class__, which a host object may answer
-    try:
-        if issubclass(kind, torch.Tensor):
-            shape = tuple(torch.Tensor.size(value))  # type: ignore[call-overload]
-            dtype = torch.Tensor.dtype.__get__(value)  # type: ignore[attr-defined]
-            return f"a Tensor of shape {shape} ({dtype})"
-        if kind in (list, tuple, set, frozenset, dict):
-            return f"a {kind.__name__} of {len(value):,} items"  # type: ignore[arg-type]
-    except Exception:  # a subclass of the host's whose shape or len raises
-        pass
-    return f"a {type(value).__name__}"
-
-
-def read_runtime(runtime: object | Snapshot) -> RuntimeFacts:
+def read_runtime(seen: Snapshot) -> RuntimeFacts:
     """The checked runtime, or :class:`RuntimeContractError` naming the first bad attribute.
 
     One line: the attribute, what it was (or raised), and what it accepts.
     """
-    seen = _Reading(runtime if isinstance(runtime, Snapshot) else snapshot(runtime))
     for name in RUNTIME_ATTRIBUTES:
-        if name in seen.snapshot.errors and name != "kv_allocator":
+        if name in seen.errors and name != "kv_allocator":
             raise seen.bad(name, "an attribute that can be read")
     device = seen.device()
-    rank, world, group = seen.topology()
-    config = seen.snapshot.get("config")
-    if config is None:
-        config = {}
-    if not isinstance(config, Mapping):
+    seen.topology()
+    config = seen.get("config")
+    if config is not None and not isinstance(config, Mapping):
         raise seen.bad("config", "the deployment config as a mapping")
-    jobs = whole_number(seen.snapshot.get("race_jobs"))
+    jobs = whole_number(seen.get("race_jobs"))
     if jobs is None or not 0 <= jobs <= MAX_RACE_JOBS:
         raise seen.bad("race_jobs", f"a whole number in 0..{MAX_RACE_JOBS}")
     l2 = seen.l2_cache_bytes(device)
-    add = seen.snapshot.add_reclaimed
-    if "kv_allocator" in seen.snapshot.errors or add is None:
+    add = seen.add_reclaimed
+    if "kv_allocator" in seen.errors or add is None:
         raise seen.bad("kv_allocator", "an object with add_reclaimed(report)")
-    tensors = seen.snapshot.get("resident_tensors")
+    tensors = seen.get("resident_tensors")
     if not callable(tensors):
         raise seen.bad("resident_tensors", "a method returning the resident tensors by name")
-    return RuntimeFacts(device, rank, world, group, config, jobs, l2, add, tensors)
-
-
-class _Reading:
-    """One snapshot's attributes checked one by one; :meth:`bad` words the first refusal."""
-
-    def __init__(self, seen: Snapshot) -> None:
-        self.snapshot = seen
-
-    def bad(self, name: str, accepts: str) -> RuntimeContractError:
-        value = self.snapshot.values[name]
-        if name in self.snapshot.errors:
-            got = f"raised {self.snapshot.errors[name]}"
-        elif value is _MISSING:
-            got = "missing"
-        else:
-            got = "= " + described_value(value, 80)
-        return RuntimeContractError(
-            f"runtime.{name} {got}: the host must pass {accepts} ({_CONTRACT})"
+    call = getattr(type(add), "__call__", None)  # noqa: B004  # the class's, for callable objects
+    if inspect.iscoroutinefunction(add) or (
+        not inspect.isroutine(add) and inspect.iscoroutinefunction(call)
+    ):  # an async def add_reclaimed would never run: refused before anything is offered
+        raise RuntimeContractError(
+            "runtime.kv_allocator.add_reclaimed is a coroutine function (async def): the plugin "
+            "calls it synchronously, so its credit would never be applied; fix: make "
+            "add_reclaimed a plain function that grows the KV budget before returning"
         )
-
-    def device(self) -> torch.device:
-        device = _device(self.snapshot.get("device"))
-        if device is None:
-            raise self.bad("device", "a torch.device of type cuda (or cpu on the reference host)")
-        if device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise self.bad(
-                    "device", "a device this process can use (CUDA is not available here)"
-                )
-            if device.index is not None and device.index >= torch.cuda.device_count():
-                raise self.bad("device", f"a CUDA device in 0..{torch.cuda.device_count() - 1}")
-        return device
-
-    def topology(self) -> tuple[int, int, object]:
-        """``(rank, world_size, process_group)``, the group checked against both."""
-        world = whole_number(self.snapshot.get("world_size"))
-        if world is None or world < 1:
-            raise self.bad("world_size", "a whole number >= 1")
-        rank = whole_number(self.snapshot.get("rank"))
-        if rank is None or not 0 <= rank < world:
-            raise self.bad("rank", f"a whole number in 0..{world - 1} (below world_size {world})")
-        group = self.snapshot.get("process_group")
-        if world > 1 and group is None:
-            raise self.bad("process_group", "the tensor-parallel process group when world_size > 1")
-        if group is not None:
-            _check_group(group, rank, world)
-        return rank, world, group
-
-    def l2_cache_bytes(self, device: torch.device) -> int | None:
-        l2_value = self.snapshot.get("l2_cache_bytes")
-        l2 = None if l2_value is None else whole_number(l2_value)
-        if l2_value is not None and (l2 is None or not 0 < l2 <= MAX_L2_BYTES):
-            raise self.bad(
-                "l2_cache_bytes", f"None or a whole number of bytes in 1..{MAX_L2_BYTES:,}"
-            )
-        if l2 is None and device.type != "cuda":
-            raise self.bad("l2_cache_bytes", f"the L2 size in bytes on a {device.type} device")
-        return l2
+    return RuntimeFacts(device, jobs, l2, add, tensors)
 
 
 def _check_group(group: object, rank: int, world: int) -> None:
@@ -296,3 +272,18 @@ def read_tensors(facts: RuntimeFacts) -> Mapping[str, torch.Tensor]:
             f"to tensors; fix: return {{name: tensor}} for the loaded checkpoint ({_CONTRACT})"
         )
     return found  # type: ignore[return-value]
+
+
+def _described(value: object) -> str:
+    """What a value is, in bounded time: never iterates a tensor's elements."""
+    kind = type(value)  # never __class__, which a host object may answer
+    try:
+        if issubclass(kind, torch.Tensor):
+            shape = tuple(torch.Tensor.size(value))  # type: ignore[call-overload]
+            dtype = torch.Tensor.dtype.__get__(value)  # type: ignore[attr-defined]
+            return f"a Tensor of shape {shape} ({dtype})"
+        if kind in (list, tuple, set, frozenset, dict):
+            return f"a {kind.__name__} of {len(value):,} items"  # type: ignore[arg-type]
+    except Exception:  # a subclass of the host's whose shape or len raises
+        pass
+    return f"a {type(value).__name__}"

@@ -24,15 +24,15 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 SECTION = ("plugins", "l2evict")
 _SECTION_NAME = ".".join(SECTION)
+DISABLED = f"disabled by config ({_SECTION_NAME}.enabled = false)"
+"""The one reason start-up, check and plan give when the deployment turned the plugin off."""
 
-_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
-# Matched against a stripped value of at most _SIZE_CHARS characters, with fullmatch:
-# one run of blanks between digits and unit, so no two quantifiers compete for a
-# character (the old ``\s*...\s*$`` backtracked quadratically on "1" + spaces + "x").
-# ASCII digits only: int() would read "２５６" too, but no operator means that.
+_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}  # by the unit's first letter
+# One run of blanks between digits and unit, so no two quantifiers compete for a character
+# (``\s*...\s*$`` backtracked quadratically on "1" + spaces + "x"). ASCII digits only: int()
+# would read "２５６" too, but no operator means that.
 _SIZE = re.compile(r"([0-9]+)[ \t]*([kmg]i?b|b)?", re.IGNORECASE)
-_SIZE_CHARS = 32
-"""Longer than any size a window takes ("68719476736 b" is 13); longer is not a size."""
+_SIZE_CHARS = 32  # longer than any size a window takes ("68719476736 b" is 13)
 
 MAX_EXCLUDE_PATTERNS = 8
 """Globs ``exclude`` may list: each costs a match per resident tensor (250,000 at most;
@@ -43,9 +43,8 @@ MAX_PATTERN_STARS = 4
 """``*`` one glob may hold: each lets a match try every position again (16 cost 35 s)."""
 MAX_CONFIG_BYTES = 1 << 20
 """A deployment config over 1 MiB is a wrong file (a checkpoint, a log), not a config."""
+_DIRECTORY = "{}: is a directory, not a config file; fix: pass --config FILE"
 
-DISABLED = f"disabled by config ({_SECTION_NAME}.enabled = false)"
-"""The one reason every path gives when the deployment turned the plugin off."""
 MIN_WINDOW_BYTES = 1 << 20
 """A window below 1 MiB displaces no GPU's L2; it is a typo, not a setting."""
 MAX_WINDOW_BYTES = 64 << 30
@@ -64,23 +63,6 @@ ALLOWED: dict[str, str] = {
 }
 
 
-def _parse_size(value: object) -> int | str | None:
-    if value is None or isinstance(value, bool):
-        raise ValueError("not a size")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        lowered = value.strip().lower()  # linear; what is left is at most _SIZE_CHARS long
-        if lowered == "stock":
-            return lowered
-        match = _SIZE.fullmatch(lowered) if len(lowered) <= _SIZE_CHARS else None
-        if match:
-            unit = (match.group(2) or "").replace("kb", "kib").replace("mb", "mib")
-            unit = unit.replace("gb", "gib")
-            return int(match.group(1)) * _UNITS[unit]
-    raise ValueError("not a size")
-
-
 class L2EvictSettings(BaseModel):
     """``[plugins.l2evict]``: every key is optional; unknown keys are errors.
 
@@ -95,40 +77,43 @@ class L2EvictSettings(BaseModel):
     on_error: Literal["fallback", "raise"] = "fallback"
 
     def window_bytes(self, l2_cache_bytes: int) -> int:
-        """The bytes each eviction reads on a device with this L2 size.
-
-        ``"stock"``: ``max(2 x L2, 64 MiB)`` in whole float32 words, as stock's buffer.
-        """
+        """The bytes each eviction reads with this L2 size (``"stock"``: stock's buffer's)."""
         return stock_buffer_bytes(l2_cache_bytes) if self.window == "stock" else int(self.window)
 
     @field_validator("window", mode="before")
     @classmethod
-    def _window(cls, value: object) -> int | str | None:
-        parsed = _parse_size(value)
-        if isinstance(parsed, int) and not (
-            MIN_WINDOW_BYTES <= parsed <= MAX_WINDOW_BYTES and parsed % 4 == 0
-        ):
-            # The eviction reads whole float32 words; a window it cannot read in
-            # full would be credited for reads that never happen.
-            raise ValueError("out of range")
-        return parsed
+    def _window(cls, value: object) -> int | str:
+        size = value if isinstance(value, int) and not isinstance(value, bool) else None
+        if isinstance(value, str):
+            lowered = value.strip().lower()  # linear; what is left is at most _SIZE_CHARS long
+            if lowered == "stock":
+                return lowered
+            match = _SIZE.fullmatch(lowered) if len(lowered) <= _SIZE_CHARS else None
+            if match:
+                size = int(match.group(1)) * _UNITS[(match.group(2) or "b")[0]]
+        # The eviction reads whole float32 words; a window it cannot read in full
+        # would be credited for reads that never happen.
+        if size is None or not (MIN_WINDOW_BYTES <= size <= MAX_WINDOW_BYTES and size % 4 == 0):
+            raise ValueError("not a size in range")
+        return size
 
     @field_validator("exclude", mode="before")
     @classmethod
     def _exclude(cls, value: object) -> object:
-        if isinstance(value, str) or not isinstance(value, list | tuple):
-            raise ValueError("not a list")
-        if len(value) > MAX_EXCLUDE_PATTERNS:
-            raise ValueError("too many patterns")
-        if not all(isinstance(item, str) and 0 < len(item) <= MAX_PATTERN_CHARS for item in value):
-            raise ValueError("not a list of non-empty strings of bounded length")
-        if any(item.count("*") > MAX_PATTERN_STARS for item in value):
-            raise ValueError("too many '*' in a pattern")
+        if (
+            isinstance(value, str)
+            or not isinstance(value, list | tuple)
+            or len(value) > MAX_EXCLUDE_PATTERNS
+            or not all(
+                isinstance(item, str) and 0 < len(item) <= MAX_PATTERN_CHARS for item in value
+            )
+            or any(item.count("*") > MAX_PATTERN_STARS for item in value)
+        ):
+            raise ValueError("not a list of at most 8 bounded globs")
         return tuple(value)
 
 
-_PROBLEMS_SHOWN = 3
-"""Problems one config error names; a section of 10,000 bad keys still gives one short line."""
+_PROBLEMS_SHOWN = 3  # a section of 10,000 bad keys still gives one short line
 
 
 def _one_line(error: ValidationError, section: Mapping[str, Any]) -> str:
@@ -150,8 +135,8 @@ def _one_line(error: ValidationError, section: Mapping[str, Any]) -> str:
 def read_section(config: object) -> dict[str, Any]:
     """The ``[plugins.l2evict]`` section, read once into a plain dict; ``{}`` when absent.
 
-    Read once, so every later step sees the same values, even from a host mapping
-    that answers differently each time. :class:`ConfigError` if a table is not one.
+    Every later step sees the same values, even from a host mapping that answers
+    differently each time. :class:`ConfigError` if a table is not one.
     """
     section: object = {} if config is None else config
     path: list[str] = []
@@ -179,15 +164,6 @@ def settings_from_section(section: Mapping[str, Any]) -> L2EvictSettings:
         return L2EvictSettings.model_validate(dict(section))
     except ValidationError as error:
         raise ConfigError(_one_line(error, section)) from None
-
-
-def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
-    """The validated ``[plugins.l2evict]`` section; defaults when it is absent.
-
-    Raises :class:`ConfigError` in one line naming each bad key and what it accepts.
-    Other sections belong to the host and are not inspected.
-    """
-    return settings_from_section(read_section(config))
 
 
 def load_deployment_config(path: str | Path) -> dict[str, Any]:
@@ -231,11 +207,8 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
 
 
 def _read_config_text(path: Path, where: str) -> str:
-    """The config's text, read only once it is known to be a small regular file of a known kind.
-
-    Checked on the handle, opened without blocking, before any byte is read: a FIFO
-    never blocks start-up, and a 3 GB file costs nothing.
-    """
+    """The text of a small regular file of a known kind, checked on the handle (opened
+    without blocking) before a byte is read: a FIFO never blocks, a 3 GB file costs nothing."""
     fd, info = _open_config(path, where)
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(info.st_mode):
@@ -281,7 +254,7 @@ def _read_config_text(path: Path, where: str) -> str:
 
 
 def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
-    """An open descriptor of ``path`` (not a directory) and its ``fstat``; never blocks."""
+    """A descriptor of ``path``, opened without blocking, and its ``fstat``; never a directory."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -290,12 +263,11 @@ def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
             f"{where}: no such config file; fix: pass an existing --config FILE"
         ) from None
     except IsADirectoryError:
-        raise ConfigError(
-            f"{where}: is a directory, not a config file; fix: pass --config FILE"
-        ) from None
+        raise ConfigError(_DIRECTORY.format(where)) from None
     except PermissionError:
+        user = os.getuid() if hasattr(os, "getuid") else "unknown"  # no getuid on Windows
         raise ConfigError(
-            f"{where}: permission denied: this process (user id {_user()}) may not read the "
+            f"{where}: permission denied: this process (user id {user}) may not read the "
             "config file; fix: make it readable by the user the server runs as (chmod a+r)"
         ) from None
     except (OSError, ValueError) as error:  # ValueError: a NUL inside the path
@@ -311,7 +283,7 @@ def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
         raise
     if stat.S_ISDIR(info.st_mode):
         os.close(fd)
-        raise ConfigError(f"{where}: is a directory, not a config file; fix: pass --config FILE")
+        raise ConfigError(_DIRECTORY.format(where))
     return fd, info
 
 
@@ -362,8 +334,3 @@ def wants_raise(section: Mapping[str, Any]) -> bool:
     """
     value = section.get("on_error")
     return type(value) is str and value == "raise"
-
-
-def _user() -> str:
-    getuid = getattr(os, "getuid", None)  # not on Windows
-    return "unknown" if getuid is None else str(getuid())

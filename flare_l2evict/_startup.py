@@ -13,7 +13,6 @@ import threading
 from collections.abc import Mapping
 
 from . import _core
-from ._allocator import refuse_async
 from ._core import Clock, Local
 from ._credit import Credit
 from ._errors import L2EvictError, RuntimeContractError, reason_of
@@ -51,7 +50,6 @@ def _from_host(runtime: object, startup: Startup, clock: Clock) -> ReclaimReport
             _read_settings(seen, local)
         with clock.step("runtime"):
             facts = read_runtime(seen)
-            refuse_async(facts.add_reclaimed)
         if local.settings is None:  # a config that is no mapping: read_runtime named it already
             raise RuntimeContractError("runtime.config is not a mapping")
         request = _core.Request(

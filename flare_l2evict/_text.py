@@ -42,16 +42,15 @@ def _cut(text: str, limit: int, *, complete: bool = True, total: int | None = No
     limit = max(limit, 16)
     pieces: list[str] = []
     used = 0
-    fits = True
     for char in text:
         piece = _escaped(char)
         if used + len(piece) > limit:
-            fits = False
             break
         pieces.append(piece)
         used += len(piece)
-    if fits and complete:
-        return "".join(pieces)
+    else:  # every character fitted
+        if complete:
+            return "".join(pieces)
     marker = "..." if total is None else f"...[{total:,} chars]"
     while pieces and used + len(marker) > limit:
         used -= len(pieces.pop())
@@ -115,10 +114,8 @@ def described(error: BaseException, limit: int = LIMIT) -> str:
     """``Type: message`` of an exception on one bounded line, even when its ``__str__`` raises."""
     kind = type(error).__name__
     try:
-        text = str(error)
+        text = str(error)  # a __str__ returning no str raises TypeError here
     except Exception:
-        text = "<its message could not be read>"
-    if not isinstance(text, str):  # a __str__ that returns a str subclass or worse
         text = "<its message could not be read>"
     return shown(" ".join(f"{kind}: {text}".split()), limit)
 
@@ -147,10 +144,8 @@ def _bounded_repr(value: object, limit: int) -> str:
         return _cut(text, limit, total=len(plain)) if len(plain) > limit else _cut(text, limit)
     if kind is int and value.bit_length() > 64:  # type: ignore[attr-defined]
         return f"<int of {value.bit_length():,} bits>"  # type: ignore[attr-defined]
-    if kind in _REPR_BOUNDED:
-        return shown(repr(value), limit)
     torch = sys.modules.get("torch")
-    if torch is not None and kind in (torch.device, torch.dtype):
+    if kind in _REPR_BOUNDED or (torch is not None and kind in (torch.device, torch.dtype)):
         return shown(repr(value), limit)
     if torch is not None and issubclass(kind, torch.Tensor):
         shape = tuple(torch.Tensor.size(value))

@@ -20,9 +20,9 @@ import torch
 from support.figures import OWN, MiB
 
 from flare_l2evict._b12x.provider import provider_problem
-from flare_l2evict._settings import DISABLED
 from flare_l2evict.tools import _check
 from flare_l2evict.tools._cli import main
+from flare_l2evict.tools._inputs import DISABLED
 from flare_l2evict.tools._origin import b12x_origin
 from flare_l2evict.tools._profiles import PROFILES
 from flare_l2evict.tools._releases import judged

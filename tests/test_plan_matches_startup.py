@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from safetensors.torch import save_file
 from support.figures import KV_BYTES_PER_TOKEN as KV, MiB
 
-from flare_l2evict._settings import settings_from_config
 from flare_l2evict.tools._headers import read_checkpoint
+from flare_l2evict.tools._inputs import settings_from_config
 from flare_l2evict.tools._plan import make_plan, shard_of
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost
 

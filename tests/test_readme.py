@@ -40,8 +40,8 @@ from pathlib import Path
 
 import pytest
 
-from flare_l2evict._settings import settings_from_config
 from flare_l2evict.tools._cli import main
+from flare_l2evict.tools._inputs import settings_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

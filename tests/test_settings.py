@@ -21,7 +21,8 @@ from support.figures import MiB
 from support.python_child import run_python
 
 from flare_l2evict import ConfigError, L2EvictSettings, load_deployment_config
-from flare_l2evict._settings import MAX_EXCLUDE_PATTERNS, settings_from_config as settings
+from flare_l2evict._settings import MAX_EXCLUDE_PATTERNS
+from flare_l2evict.tools._inputs import settings_from_config as settings
 
 
 def section(**keys: object) -> dict[str, object]:
@@ -269,7 +270,7 @@ def test_a_key_given_twice_is_refused_not_last_one_wins(
 def test_a_window_of_spaces_answers_at_once() -> None:
     """Was over 60 s: the size pattern backtracked quadratically. A 10 s guard, not a speed test."""
     out = run_python(
-        "from flare_l2evict._settings import settings_from_config\n"
+        "from flare_l2evict.tools._inputs import settings_from_config\n"
         "from flare_l2evict._errors import ConfigError\n"
         "for value in ['1' + ' ' * 150_000 + 'x', '1' + ' ' * 20_000 + 'k' * 5, '9' * 20_000,"
         " ' ' * 20_000 + '1', '1' * 20_000 + 'x']:\n"

@@ -24,9 +24,10 @@ from .._b12x.provider import MIN_TORCH, NEEDED, versions
 from .._b12x.table import FORK, fork_rows
 from .._credit import Credit, credit
 from .._errors import InstallError
-from .._settings import DISABLED, L2EvictSettings, load_deployment_config, settings_from_config
+from .._settings import L2EvictSettings, load_deployment_config
 from .._text import shown
 from .._window import device_l2_bytes, stock_buffer_bytes
+from ._inputs import DISABLED, settings_from_config
 from ._origin import b12x_origin
 from ._releases import judged
 

@@ -442,8 +442,8 @@ def _table(header: str, before: StartupResult, after: StartupResult, label: str)
 
 
 def _startup(args: argparse.Namespace) -> int:
-    from .._settings import load_deployment_config, settings_from_config
-    from ._inputs import refuse_unknown_plugins, refuse_unreadable_checkpoint
+    from .._settings import load_deployment_config
+    from ._inputs import refuse_unknown_plugins, refuse_unreadable_checkpoint, settings_from_config
 
     # Every input is checked before torch is imported: a typo is answered in under a second.
     config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
@@ -492,8 +492,9 @@ def _startup(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .._settings import load_deployment_config, settings_from_config
+    from .._settings import load_deployment_config
     from ._headers import read_checkpoint
+    from ._inputs import settings_from_config
     from ._plan import make_plan, shard_of, split_evenly
 
     config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
@@ -634,8 +635,9 @@ def _example(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .._settings import load_deployment_config, settings_from_config
+    from .._settings import load_deployment_config
     from ._headers import read_checkpoint
+    from ._inputs import settings_from_config
 
     # Every input is read before torch is imported: bad input is one line, in under a second.
     deployment: dict[str, Any] = load_deployment_config(args.config) if args.config else {}

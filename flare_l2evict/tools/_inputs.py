@@ -8,12 +8,19 @@ raises the same one-line error the later reader would.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 from .._errors import CheckpointError, PluginNotFoundError
 from .._markers import ENTRY_POINT_GROUP
+from .._settings import (
+    DISABLED as DISABLED,
+    L2EvictSettings,
+    read_section,
+    settings_from_section,
+)
 
 
 def installed_plugins() -> list[str]:
@@ -55,3 +62,12 @@ def refuse_unreadable_checkpoint(paths: Sequence[Path]) -> None:
     from ._headers import read_checkpoint
 
     read_checkpoint(list(paths))
+
+
+def settings_from_config(config: Mapping[str, Any] | None) -> L2EvictSettings:
+    """The validated ``[plugins.l2evict]`` section; defaults when it is absent.
+
+    Raises :class:`ConfigError` in one line naming each bad key and what it accepts.
+    Other sections belong to the host and are not inspected.
+    """
+    return settings_from_section(read_section(config))
