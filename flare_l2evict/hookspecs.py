@@ -1,38 +1,22 @@
 """The host contract: the hooks a flare host declares and calls, and what it passes.
 
-The markers live apart, in :mod:`flare_l2evict._markers` (re-exported as
-``flare_l2evict.hookspec`` and ``flare_l2evict.hookimpl``), as pluggy keeps its
-markers apart from the specs that use them. A host that does not declare these
-hooks yet can adopt them with::
+``docs/host-contract.md`` walks through it with a host that runs. A host that
+does not declare these hooks yet adopts them with::
 
     pm = pluggy.PluginManager("flare")
     pm.add_hookspecs(flare_l2evict.hookspecs.FlareStartupSpec)
     pm.load_setuptools_entrypoints("flare.plugins", name="l2evict")
 
-Call order, once per GPU process:
-
-1. load the checkpoint onto the process's device;
-2. ``pm.hook.before_first_capture(runtime=runtime)``, before any b12x start-up
-   race job is created and before any CUDA graph is captured;
-3. run the start-up races and captures; size the KV cache;
-4. ``pm.hook.startup_complete(runtime=runtime)`` once the last race job has
-   closed. Plugins then restore what they changed and drop every reference
-   they hold to the runtime's tensors. A host that cannot pass the same
-   runtime object again (one made just for the call) passes the report
-   ``before_first_capture`` returned instead: ``startup_complete(runtime=report)``.
-   A credited start-up is ended by nothing else: not by another runtime, not
-   by ``None``, not by its runtime object being gone.
-
-Between the two hooks the tensors ``resident_tensors()`` returned stay
-allocated: the races read them. A free, resize or re-pointing the plugin can
-see before a read (on any thread) makes that read and every later one fall
-back to stock b12x, and the audit names the shortfall; but memory freed from
-another thread *while* a race reads it can end the process (an illegal
-memory access on CUDA, SIGSEGV on the CPU), as it would for the host's own
-kernels. The CPU path keeps the same contract.
-
-Under tensor parallelism every rank calls both hooks; ``before_first_capture``
-runs a collective on ``runtime.process_group``, so every rank must call it.
+Once per GPU process (every rank under tensor parallelism, since
+``before_first_capture`` runs a collective on ``runtime.process_group``): load
+the checkpoint onto the device; ``before_first_capture(runtime=runtime)``
+before any b12x race job or CUDA graph capture; the races and captures, then
+size the KV cache; ``startup_complete(runtime=runtime)`` (or
+``runtime=report``, the report the first hook returned) once the last race job
+has closed. The tensors ``resident_tensors()`` returned stay allocated in
+between: the races read them. A change the plugin sees before a read falls
+back to stock b12x with the shortfall audited; memory freed from another
+thread *while* a race reads it can end the process, as for the host's own kernels.
 """
 
 from __future__ import annotations
@@ -95,39 +79,35 @@ class KVAllocator(Protocol):
 class FlareRuntime(Protocol):
     """What the host passes as ``runtime`` to the start-up hooks.
 
+    The plugin reads every attribute once, at the start of
+    ``before_first_capture``; a missing, raising or out-of-range one is
+    reported in one line naming it and what it accepts (``RuntimeContractError``).
+
     ``device``
         The process's GPU (``torch.device("cuda", N)``); the reference host
         also accepts ``cpu``.
     ``rank``, ``world_size``, ``process_group``
-        Tensor-parallel placement, ``0 <= rank < world_size``;
-        ``process_group`` is ``None`` for a single process, else the group
-        whose ranks must size the KV cache alike.
-
-    The plugin reads every attribute once, at the start of
-    ``before_first_capture``; a missing, raising or out-of-range one is
-    reported in one line naming it and what it accepts (see
-    ``RuntimeContractError``). A ``process_group`` must hold exactly
-    ``world_size`` ranks, with this process at ``rank``.
+        Tensor-parallel placement, ``0 <= rank < world_size``; ``process_group``
+        is ``None`` for a single process, else the group (exactly
+        ``world_size`` ranks, this process at ``rank``) whose ranks must size
+        the KV cache alike.
     ``config``
         The deployment config as a mapping; the plugin reads ``plugins.l2evict``.
     ``race_jobs``
-        How many b12x race jobs this process holds at once during start-up
-        (a whole number in ``0..1024``): stock b12x allocates one eviction
-        buffer per job.
+        The b12x race jobs this process holds at once during start-up (a whole
+        number in ``0..1024``): stock b12x allocates one eviction buffer per job.
     ``l2_cache_bytes``
         The device's L2 size in bytes (``1..4 GiB``), or ``None`` to read it
         from the CUDA device.
     ``kv_allocator``
         See :class:`KVAllocator`.
     ``resident_tensors()``
-        The checkpoint tensors as loaded, as a mapping of names to tensors
-        (called once): the model's own tensors or views of them, not copies
-        (a storage nothing but the plugin would hold is not credited). The
-        plugin only reads them and holds no reference after
-        ``startup_complete``. Tensors whose storages overlap in memory count
-        once. They stay allocated until ``startup_complete`` (see the module
-        docstring). The plugin keeps no weak reference on them, so the host's
-        ``torch.utils.swap_tensors`` and friends work as without it.
+        The checkpoint tensors as loaded, by name (called once): the model's
+        own tensors or views of them, not copies (a storage nothing but the
+        plugin would hold is not credited). Storages that overlap count once.
+        The plugin only reads them, keeps no weak reference on them (the host's
+        ``torch.utils.swap_tensors`` works as without it) and no reference at
+        all after ``startup_complete``; they stay allocated until then.
     """
 
     device: torch.device
