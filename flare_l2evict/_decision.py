@@ -12,9 +12,9 @@ import fnmatch
 import re
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, islice
 from typing import Protocol, TypeVar
 
 from ._text import shown
@@ -41,8 +41,6 @@ _T_co = TypeVar("_T_co", covariant=True)
 
 class Column(Protocol[_T_co]):
     """Read-only, indexable by position: a list, or a column computed on demand."""
-
-    def __len__(self) -> int: ...
 
     def __getitem__(self, index: int, /) -> _T_co: ...
 
@@ -99,13 +97,6 @@ class RegionChoice:
     shortfall: str | None
 
 
-def exclude_pattern(exclude: Sequence[str]) -> re.Pattern[str] | None:
-    """One regular expression for a list of tensor-name globs (``None`` for none)."""
-    if not exclude:
-        return None
-    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in exclude))
-
-
 @dataclass
 class _OpenRegion:
     start: int
@@ -155,14 +146,8 @@ class _Union:
             if stop < len(bucket) or last + 1 == len(self._buckets):
                 break
             last, stop = last + 1, 0
-        if not touching:  # the common case: a range of its own, read whole (word-aligned)
-            begin, stop_at = -(-start // WORD) * WORD, end // WORD * WORD
-            alone = _OpenRegion(start, end, name, size)
-            if stop_at > begin:
-                alone.pieces.append(Piece(owner, begin - start, stop_at - begin))
-                self.readable += stop_at - begin
-            self._replace(b, at, last, stop, alone)
-            return
+        merged = _OpenRegion(start, end, name, size)
+        merged.pieces = max(touching, key=lambda r: len(r.pieces), default=merged).pieces
         # The bytes no chosen storage holds yet, word-aligned, are this storage's to read.
         gaps: list[tuple[int, int]] = []
         cursor = start
@@ -170,12 +155,6 @@ class _Union:
             if region.start > cursor:
                 gaps.append((cursor, region.start))
             cursor = max(cursor, region.end)
-        if cursor < end:
-            gaps.append((cursor, end))
-        merged = _OpenRegion(start, end, name, size)
-        if touching:
-            merged.pieces = max(touching, key=lambda r: len(r.pieces)).pieces
-        for region in touching:
             merged.start, merged.end = min(merged.start, region.start), max(merged.end, region.end)
             if region.pieces is not merged.pieces:
                 merged.pieces.extend(region.pieces)
@@ -183,6 +162,8 @@ class _Union:
                 region.largest == merged.largest and region.name < merged.name
             ):
                 merged.name, merged.largest = region.name, region.largest
+        if cursor < end:
+            gaps.append((cursor, end))
         for begin, stop_at in gaps:
             begin, stop_at = -(-begin // WORD) * WORD, stop_at // WORD * WORD
             if stop_at > begin:
@@ -259,7 +240,7 @@ def choose_regions(
     if window_bytes <= 0:
         raise ValueError("window_bytes must be positive")
     sizes = storages.sizes
-    excluded = _Ranges(_excluded_ranges(storages, exclude_pattern(exclude)))
+    excluded = _Ranges(_excluded_ranges(storages, exclude))
     window_words = window_bytes // WORD * WORD
     total = sum(sizes) if min(sizes, default=0) >= 0 else sum(s for s in sizes if s > 0)
     # Every byte together too few: no need to try each.
@@ -395,9 +376,11 @@ def _tails(
     return chosen, pieces
 
 
-def _excluded_ranges(storages: Storages, pattern: re.Pattern[str] | None) -> list[tuple[int, int]]:
-    if pattern is None:
+def _excluded_ranges(storages: Storages, exclude: Sequence[str]) -> list[tuple[int, int]]:
+    """The address ranges of the storages a tensor matching an ``exclude`` glob views."""
+    if not exclude:
         return []
+    pattern = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in exclude))
     matched = compress(range(len(storages.names)), map(pattern.match, storages.names))
     skips = storages.skips
     return [
@@ -429,10 +412,8 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
             counts[reason] += 1
             if reason in named and len(named[reason]) < _NAMED:
                 named[reason].append(storages.names[i])
-    distinct, reach = 0, 0
-    for low, high in sorted(ranges):
-        distinct += max(0, high - max(low, reach))
-        reach = max(reach, high)
+    eligible = _Ranges(list(ranges))
+    distinct = sum(high - low for low, high in zip(eligible.lows, eligible.highs, strict=True))
     skipped = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
     return (
         f"no storage on {where} covers the {window_bytes:,}-byte eviction window: "
@@ -446,8 +427,7 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
 _NAMED = 3
 """Names one line shows of the tensors skipped as borrowed; the rest are counted."""
 
-
-BORROWED_WORDS = {  # skip reason -> what it is, and the fix
+_BORROWED_WORDS = {  # skip reason -> what it is, and the fix
     "borrowed": (
         "a storage that does not own its memory: a slice base[a:b], from_blob, DLPack, IPC",
         "include a tensor over the owning storage in resident_tensors(), or allocate the "
@@ -461,11 +441,28 @@ BORROWED_WORDS = {  # skip reason -> what it is, and the fix
 }
 
 
+def _named(names: Iterable[str], count: int) -> str:
+    """The first :data:`_NAMED` of ``count`` names, the rest counted."""
+    listed = ", ".join(shown(repr(name), 80) for name in islice(names, _NAMED))
+    return listed + (f" and {count - _NAMED:,} more" if count > _NAMED else "")
+
+
 def _borrowed_fix(why: str, names: list[str], count: int) -> str:
-    listed = ", ".join(shown(repr(name), 80) for name in names)
-    more = f" and {count - len(names):,} more" if count > len(names) else ""
-    what, fix = BORROWED_WORDS[why]
-    return f"; {why} ({what}): {listed}{more}; fix: {fix}"
+    what, fix = _BORROWED_WORDS[why]
+    return f"; {why} ({what}): {_named(names, count)}; fix: {fix}"
+
+
+def borrowed_line(why: str, names: Iterable[str], count: int) -> str:
+    """One line naming (bounded) the ``count`` tensors skipped as ``why``, with the fix.
+
+    ``why`` is ``"borrowed"`` or ``"file-mapped"``.
+    """
+    what, fix = _BORROWED_WORDS[why]
+    return (
+        f"{count:,} resident tensors are not read because their storage borrows memory "
+        f"({what}), which its owner can free, move or unmap under the eviction: "
+        f"{_named(names, count)}; fix: {fix}"
+    )
 
 
 class _SameSize:
