@@ -14,7 +14,7 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, islice
+from itertools import compress, groupby, islice
 from typing import Protocol, TypeVar
 
 from ._text import shown
@@ -147,13 +147,13 @@ class _Union:
                 break
             last, stop = last + 1, 0
         merged = _OpenRegion(start, end, name, size)
-        merged.pieces = max(touching, key=lambda r: len(r.pieces), default=merged).pieces
-        # The bytes no chosen storage holds yet, word-aligned, are this storage's to read.
-        gaps: list[tuple[int, int]] = []
+        if touching:
+            merged.pieces = max(touching, key=lambda r: len(r.pieces)).pieces
+        # The bytes no chosen storage holds yet are this storage's to read.
         cursor = start
         for region in touching:
             if region.start > cursor:
-                gaps.append((cursor, region.start))
+                self._read(merged, owner, start, cursor, region.start)
             cursor = max(cursor, region.end)
             merged.start, merged.end = min(merged.start, region.start), max(merged.end, region.end)
             if region.pieces is not merged.pieces:
@@ -163,13 +163,15 @@ class _Union:
             ):
                 merged.name, merged.largest = region.name, region.largest
         if cursor < end:
-            gaps.append((cursor, end))
-        for begin, stop_at in gaps:
-            begin, stop_at = -(-begin // WORD) * WORD, stop_at // WORD * WORD
-            if stop_at > begin:
-                merged.pieces.append(Piece(owner, begin - start, stop_at - begin))
-                self.readable += stop_at - begin
+            self._read(merged, owner, start, cursor, end)
         self._replace(b, at, last, stop, merged)
+
+    def _read(self, region: _OpenRegion, owner: int, start: int, begin: int, end: int) -> None:
+        """The whole words of ``[begin, end)`` become a piece of ``region``, read from ``owner``."""
+        begin, end = -(-begin // WORD) * WORD, end // WORD * WORD
+        if end > begin:
+            region.pieces.append(Piece(owner, begin - start, end - begin))
+            self.readable += end - begin
 
     def _locate(self, start: int) -> tuple[int, int]:
         """Bucket and position of the first region that ends after ``start`` or starts past it."""
@@ -282,12 +284,13 @@ class _Gather:
         self._counted: list[Counter[str]] = []
 
     def union(self) -> _Union:
-        sizes = self._storages.sizes
-        by_size = _SameSize(sizes)
-        for size in sorted(set(sizes), reverse=True):
+        size_of = self._storages.sizes.__getitem__
+        # A stable sort: each size's tensors come in index order, as given.
+        by_size = sorted(range(len(self._storages.sizes)), key=size_of, reverse=True)
+        for size, group in groupby(by_size, key=size_of):
             if size <= 0 or self._covered:
                 break
-            views = by_size(size)
+            views = list(group)
             if not self._alone_covers(views, size):
                 self._by_address(views, size)
         return self._union
@@ -463,33 +466,3 @@ def borrowed_line(why: str, names: Iterable[str], count: int) -> str:
         f"({what}), which its owner can free, move or unmap under the eviction: "
         f"{_named(names, count)}; fix: {fix}"
     )
-
-
-class _SameSize:
-    """Indices of the tensors whose storage has a given size."""
-
-    _SCANS = 8
-    _FEW = 16
-
-    def __init__(self, sizes: list[int]) -> None:
-        self.sizes = sizes
-        self.scans = 0
-        self.groups: dict[int, list[int]] | None = None
-
-    def __call__(self, size: int) -> list[int]:
-        if self.groups is None and self.scans >= self._SCANS:
-            self.groups = {}
-            for i, value in enumerate(self.sizes):
-                self.groups.setdefault(value, []).append(i)
-        if self.groups is not None:
-            return self.groups.get(size, [])
-        self.scans += 1
-        if self.sizes.count(size) > self._FEW:
-            return list(compress(range(len(self.sizes)), map(size.__eq__, self.sizes)))
-        found: list[int] = []
-        index = self.sizes.index
-        try:
-            while True:
-                found.append(index(size, found[-1] + 1 if found else 0))
-        except ValueError:
-            return found

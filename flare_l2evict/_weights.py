@@ -74,14 +74,6 @@ class WeightChoice:
     def name(self) -> str:
         return self.regions[0].name
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(region.nbytes for region in self.regions)
-
-    @property
-    def read_bytes(self) -> int:
-        return sum(piece.nbytes for region in self.regions for piece in region.pieces)
-
 
 def same_device(a: torch.device, b: torch.device) -> bool:
     """Whether two devices are one, reading an index-less ``cuda`` as the current device."""

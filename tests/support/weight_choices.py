@@ -1,0 +1,15 @@
+"""Sums over a :class:`~flare_l2evict._weights.WeightChoice` that only the tests ask for."""
+
+from __future__ import annotations
+
+from flare_l2evict._weights import WeightChoice
+
+
+def total_bytes(choice: WeightChoice) -> int:
+    """The bytes of the chosen regions' storages, all regions together."""
+    return sum(region.nbytes for region in choice.regions)
+
+
+def read_bytes(choice: WeightChoice) -> int:
+    """The bytes the chosen pieces read, all regions together."""
+    return sum(piece.nbytes for region in choice.regions for piece in region.pieces)
