@@ -6,6 +6,7 @@ import logging
 import sys
 import weakref  # only for the plugin's own EvictionHandle, never on a host tensor
 from collections.abc import Callable
+from functools import partial
 from itertools import chain
 from typing import Any, Literal
 
@@ -116,7 +117,9 @@ class WeightEviction:
         self._fallback_factory = fallback
         self._fallback: Callable[[], None] | None = None
         self._views: list[torch.Tensor] = []  # 1-d float32, one per piece, as read
-        self._reads: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, its output)
+        # The reads, each a functools.partial over tensors that view the weights: torch's
+        # reduction (input, and out=), or Triton's (kernel, grid, chunk, out, n).
+        self._launches: list[Callable[[], Any]] = []
         # Each storage read, once: this list is the object's only reference to it, so
         # unheld() can tell a holder of the host's from its own (see _unheld_slot).
         self._storages: list[torch.UntypedStorage] = []
@@ -137,7 +140,6 @@ class WeightEviction:
                 for piece in region.pieces:
                     self._add(region.name, piece, slots)
         self.read_bytes = sum(v.numel() for v in self._views) * WORD
-        self._launches: list[Callable[[], None]] = []
         self.kernel: Literal["triton", "torch"] = "torch"
         self.kernel_note = ""
         self._choose_kernel(kernel)
@@ -162,9 +164,11 @@ class WeightEviction:
         self._views.append(view)
         main = count - count % OUTPUT_ROWS
         if main:
-            self._reads.append((view[:main].view(OUTPUT_ROWS, -1), self._partial))
+            self._launches.append(
+                partial(torch.sum, view[:main].view(OUTPUT_ROWS, -1), dim=-1, out=self._partial)
+            )
         if count - main:
-            self._reads.append((view[main:], self._out))
+            self._launches.append(partial(torch.sum, view[main:], dim=-1, out=self._out))
         self._needed.append((slot, _address(piece.storage), piece.offset + piece.nbytes, name))
         if piece.tensor is not None and _plain(piece.tensor):
             try:
@@ -251,10 +255,9 @@ class WeightEviction:
         cdatas = [storage._cdata for storage in self._storages]
         slot_of = {cdata: slot for slot, cdata in enumerate(cdatas)}
         ours = [0] * len(cdatas)
-        # functools.partial over (kernel, grid, chunk, out, n): the launches view the weights too.
         launched = (a for launch in self._launches for a in getattr(launch, "args", ()))
         with torch._C.DisableTorchFunction():  # a host's function mode answers nothing here
-            for tensor in chain(self._views, (source for source, _ in self._reads), launched):
+            for tensor in chain(self._views, launched):
                 if isinstance(tensor, torch.Tensor):
                     slot = slot_of.get(tensor.untyped_storage()._cdata)
                     if slot is not None:
@@ -310,9 +313,6 @@ class WeightEviction:
             if why is None and self._views:
                 for launch in self._launches:
                     launch()
-                if not self._launches:
-                    for source, out in self._reads:
-                        torch.sum(source, dim=-1, out=out)
                 return
             fallback = self._fall_back(why)
         fallback()
@@ -320,31 +320,21 @@ class WeightEviction:
     def _fall_back(self, why: str | None) -> Callable[[], None]:
         """Stock's eviction from now on, with one WARNING line (``why`` ``None``: released)."""
         self.fell_back_reason = why
-        say(
-            log,
-            logging.WARNING,
-            "flare_l2evict: eviction over %s on %s stops reading weights: %s; until %s, "
-            "each race falls back to stock b12x's own buffer (%s reports the shortfall); "
-            "fix: keep the weights in place until %s",
-            shown(repr(self.source_name), 120),
-            self.device,
-            why or "released",
-            self.until,
-            self.until,
-            self.until,
+        name, until = shown(repr(self.source_name), 120), self.until
+        line = (
+            f"flare_l2evict: eviction over {name} on {self.device} stops reading weights: "
+            f"{why or 'released'}; until {until}, each race falls back to stock b12x's own "
+            f"buffer ({until} reports the shortfall); fix: keep the weights in place until {until}"
         )
+        say(log, logging.WARNING, "%s", line)
         made = self._fallback_factory() if self._fallback_factory else None
         self._fallback = made if made is not None else _no_eviction
         self.release()
         return self._fallback
 
-    def checksum(self) -> float:
-        """The sum of the last call's outputs (synchronises; for tests, not races)."""
-        return float(self._partial.sum().item() + self._out.item())
-
     def release(self) -> None:
         """Drop every reference to the weights (the launches hold views of them too). Idempotent."""
-        self._views, self._reads, self._launches, self._storages = [], [], [], []
+        self._views, self._launches, self._storages = [], [], []
         self._needed, self._owners, self._hosts, self._holds = [], [], [], []
 
     def __repr__(self) -> str:

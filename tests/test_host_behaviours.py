@@ -42,7 +42,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from support.figures import OWN, MiB
-from support.weight_choices import read_bytes
+from support.sums import checksum, read_bytes
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, ReclaimReport, plugin
@@ -330,7 +330,7 @@ def test_races_outside_inference_mode_use_an_eviction_made_inside_it() -> None:
     eviction = measurement._l2_flush_fn(torch.device("cpu"), enabled=True)
     eviction()  # would raise "Inplace update to inference tensor outside InferenceMode"
     eviction()
-    assert isinstance(eviction, EvictionHandle) and eviction.eviction.checksum() == 0.0
+    assert isinstance(eviction, EvictionHandle) and checksum(eviction.eviction) == 0.0
 
 
 # 8. on_error = "raise" raises for every contract violation, after restoring stock b12x.

@@ -36,7 +36,7 @@ import torch
 import torch.utils.dlpack
 from support.figures import MiB
 from support.freed_memory import freed
-from support.weight_choices import total_bytes
+from support.sums import total_bytes
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flare_l2evict import WeightsError
