@@ -1,9 +1,7 @@
-"""The start-up choice, torch-free: which bytes the eviction reads.
+"""The start-up choice, torch-free: which bytes the eviction reads (start-up's and ``plan``'s).
 
-Start-up and ``plan`` both call :func:`choose_regions`, so what the tools print
-is what start-up does. Storages are identified by address range: chosen ranges
-that overlap merge into one region whose bytes count once, so a window of N
-bytes always displaces N distinct bytes of L2.
+Chosen address ranges that overlap merge into one region whose bytes count once,
+so a window of N bytes always displaces N distinct bytes of L2.
 """
 
 from __future__ import annotations
@@ -252,27 +250,25 @@ def choose_regions(
             window_bytes, (), 0, _shortfall(storages, window_bytes, excluded, where)
         )
     chosen, pieces = _tails(union.regions(), storages.starts, window_words)
-    if pieces > MAX_PIECES:
-        return RegionChoice(
-            window_bytes,
-            (),
-            0,
-            f"the {window_bytes:,}-byte eviction window on {where} would be read in more than "
-            f"{MAX_PIECES} separate pieces (the largest eligible storages are small), one "
-            "launch each before every race sample: slower than stock's single read; stock "
-            "b12x keeps its own buffer",
-        )
-    read = sum(region.read_bytes for region in chosen)
-    return RegionChoice(window_bytes, tuple(chosen), read, None)
+    if pieces <= MAX_PIECES:
+        return RegionChoice(window_bytes, tuple(chosen), sum(r.read_bytes for r in chosen), None)
+    return RegionChoice(
+        window_bytes,
+        (),
+        0,
+        f"the {window_bytes:,}-byte eviction window on {where} would be read in more than "
+        f"{MAX_PIECES} separate pieces (the largest eligible storages are small), one "
+        "launch each before every race sample: slower than stock's single read; stock "
+        "b12x keeps its own buffer",
+    )
 
 
 class _Gather:
     """Eligible storages merged into regions, largest size first, until they cover the window.
 
-    Invariant a caller relies on: :meth:`union` holds only storages that are not
-    skipped, start on a float32 boundary and touch no excluded range; within
-    one size they are taken by name, then address, so the same tensors in any
-    order give the same union.
+    Invariant a caller relies on: :meth:`union` holds only storages that are not skipped,
+    start on a float32 boundary and touch no excluded range, taken within one size by
+    name, then address (the same tensors in any order give the same union).
     """
 
     def __init__(self, storages: Storages, excluded: _Ranges, window_bytes: int) -> None:

@@ -66,10 +66,7 @@ def _plain(tensor: torch.Tensor) -> bool:
 
     Other tensors are checked through their storage only.
     """
-    kind = type(tensor)
-    if kind is torch.Tensor:
-        return True
-    found = getattr(kind, "__torch_function__", None)
+    found = getattr(type(tensor), "__torch_function__", None)
     default = torch.Tensor.__torch_function__.__func__  # type: ignore[attr-defined]
     return found is torch._C._disabled_torch_function_impl or (
         getattr(found, "__func__", None) is default
@@ -208,10 +205,7 @@ class WeightEviction:
         return not self._views
 
     def _broken(self) -> str | None:
-        """What changed since the hook, in words (``None``: every piece covers what it did).
-
-        Runs before every read: a few C calls per piece; words are built only for a change.
-        """
+        """What changed since the hook, in words (``None``: nothing); words only for a change."""
         storages = self._storages
         for slot, address, needed, name in self._needed:
             try:
