@@ -1,9 +1,7 @@
-"""The start-up choice, torch-free: which bytes the eviction reads.
+"""The start-up choice, torch-free: which bytes the eviction reads (start-up's and ``plan``'s).
 
-Start-up and ``plan`` both call :func:`choose_regions`, so what the tools print
-is what start-up does. Storages are identified by address range: chosen ranges
-that overlap merge into one region whose bytes count once, so a window of N
-bytes always displaces N distinct bytes of L2.
+Chosen address ranges that overlap merge into one region whose bytes count once,
+so a window of N bytes always displaces N distinct bytes of L2.
 """
 
 from __future__ import annotations
@@ -12,9 +10,9 @@ import fnmatch
 import re
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, groupby, islice
 from typing import Protocol, TypeVar
 
 from ._text import shown
@@ -41,8 +39,6 @@ _T_co = TypeVar("_T_co", covariant=True)
 
 class Column(Protocol[_T_co]):
     """Read-only, indexable by position: a list, or a column computed on demand."""
-
-    def __len__(self) -> int: ...
 
     def __getitem__(self, index: int, /) -> _T_co: ...
 
@@ -99,13 +95,6 @@ class RegionChoice:
     shortfall: str | None
 
 
-def exclude_pattern(exclude: Sequence[str]) -> re.Pattern[str] | None:
-    """One regular expression for a list of tensor-name globs (``None`` for none)."""
-    if not exclude:
-        return None
-    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in exclude))
-
-
 @dataclass
 class _OpenRegion:
     start: int
@@ -155,27 +144,15 @@ class _Union:
             if stop < len(bucket) or last + 1 == len(self._buckets):
                 break
             last, stop = last + 1, 0
-        if not touching:  # the common case: a range of its own, read whole (word-aligned)
-            begin, stop_at = -(-start // WORD) * WORD, end // WORD * WORD
-            alone = _OpenRegion(start, end, name, size)
-            if stop_at > begin:
-                alone.pieces.append(Piece(owner, begin - start, stop_at - begin))
-                self.readable += stop_at - begin
-            self._replace(b, at, last, stop, alone)
-            return
-        # The bytes no chosen storage holds yet, word-aligned, are this storage's to read.
-        gaps: list[tuple[int, int]] = []
-        cursor = start
-        for region in touching:
-            if region.start > cursor:
-                gaps.append((cursor, region.start))
-            cursor = max(cursor, region.end)
-        if cursor < end:
-            gaps.append((cursor, end))
         merged = _OpenRegion(start, end, name, size)
         if touching:
             merged.pieces = max(touching, key=lambda r: len(r.pieces)).pieces
+        # The bytes no chosen storage holds yet are this storage's to read.
+        cursor = start
         for region in touching:
+            if region.start > cursor:
+                self._read(merged, owner, start, cursor, region.start)
+            cursor = max(cursor, region.end)
             merged.start, merged.end = min(merged.start, region.start), max(merged.end, region.end)
             if region.pieces is not merged.pieces:
                 merged.pieces.extend(region.pieces)
@@ -183,12 +160,16 @@ class _Union:
                 region.largest == merged.largest and region.name < merged.name
             ):
                 merged.name, merged.largest = region.name, region.largest
-        for begin, stop_at in gaps:
-            begin, stop_at = -(-begin // WORD) * WORD, stop_at // WORD * WORD
-            if stop_at > begin:
-                merged.pieces.append(Piece(owner, begin - start, stop_at - begin))
-                self.readable += stop_at - begin
+        if cursor < end:
+            self._read(merged, owner, start, cursor, end)
         self._replace(b, at, last, stop, merged)
+
+    def _read(self, region: _OpenRegion, owner: int, start: int, begin: int, end: int) -> None:
+        """The whole words of ``[begin, end)`` become a piece of ``region``, read from ``owner``."""
+        begin, end = -(-begin // WORD) * WORD, end // WORD * WORD
+        if end > begin:
+            region.pieces.append(Piece(owner, begin - start, end - begin))
+            self.readable += end - begin
 
     def _locate(self, start: int) -> tuple[int, int]:
         """Bucket and position of the first region that ends after ``start`` or starts past it."""
@@ -259,7 +240,7 @@ def choose_regions(
     if window_bytes <= 0:
         raise ValueError("window_bytes must be positive")
     sizes = storages.sizes
-    excluded = _Ranges(_excluded_ranges(storages, exclude_pattern(exclude)))
+    excluded = _Ranges(_excluded_ranges(storages, exclude))
     window_words = window_bytes // WORD * WORD
     total = sum(sizes) if min(sizes, default=0) >= 0 else sum(s for s in sizes if s > 0)
     # Every byte together too few: no need to try each.
@@ -269,27 +250,25 @@ def choose_regions(
             window_bytes, (), 0, _shortfall(storages, window_bytes, excluded, where)
         )
     chosen, pieces = _tails(union.regions(), storages.starts, window_words)
-    if pieces > MAX_PIECES:
-        return RegionChoice(
-            window_bytes,
-            (),
-            0,
-            f"the {window_bytes:,}-byte eviction window on {where} would be read in more than "
-            f"{MAX_PIECES} separate pieces (the largest eligible storages are small), one "
-            "launch each before every race sample: slower than stock's single read; stock "
-            "b12x keeps its own buffer",
-        )
-    read = sum(region.read_bytes for region in chosen)
-    return RegionChoice(window_bytes, tuple(chosen), read, None)
+    if pieces <= MAX_PIECES:
+        return RegionChoice(window_bytes, tuple(chosen), sum(r.read_bytes for r in chosen), None)
+    return RegionChoice(
+        window_bytes,
+        (),
+        0,
+        f"the {window_bytes:,}-byte eviction window on {where} would be read in more than "
+        f"{MAX_PIECES} separate pieces (the largest eligible storages are small), one "
+        "launch each before every race sample: slower than stock's single read; stock "
+        "b12x keeps its own buffer",
+    )
 
 
 class _Gather:
     """Eligible storages merged into regions, largest size first, until they cover the window.
 
-    Invariant a caller relies on: :meth:`union` holds only storages that are not
-    skipped, start on a float32 boundary and touch no excluded range; within
-    one size they are taken by name, then address, so the same tensors in any
-    order give the same union.
+    Invariant a caller relies on: :meth:`union` holds only storages that are not skipped,
+    start on a float32 boundary and touch no excluded range, taken within one size by
+    name, then address (the same tensors in any order give the same union).
     """
 
     def __init__(self, storages: Storages, excluded: _Ranges, window_bytes: int) -> None:
@@ -301,12 +280,13 @@ class _Gather:
         self._counted: list[Counter[str]] = []
 
     def union(self) -> _Union:
-        sizes = self._storages.sizes
-        by_size = _SameSize(sizes)
-        for size in sorted(set(sizes), reverse=True):
+        size_of = self._storages.sizes.__getitem__
+        # A stable sort: each size's tensors come in index order, as given.
+        by_size = sorted(range(len(self._storages.sizes)), key=size_of, reverse=True)
+        for size, group in groupby(by_size, key=size_of):
             if size <= 0 or self._covered:
                 break
-            views = by_size(size)
+            views = list(group)
             if not self._alone_covers(views, size):
                 self._by_address(views, size)
         return self._union
@@ -395,9 +375,11 @@ def _tails(
     return chosen, pieces
 
 
-def _excluded_ranges(storages: Storages, pattern: re.Pattern[str] | None) -> list[tuple[int, int]]:
-    if pattern is None:
+def _excluded_ranges(storages: Storages, exclude: Sequence[str]) -> list[tuple[int, int]]:
+    """The address ranges of the storages a tensor matching an ``exclude`` glob views."""
+    if not exclude:
         return []
+    pattern = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in exclude))
     matched = compress(range(len(storages.names)), map(pattern.match, storages.names))
     skips = storages.skips
     return [
@@ -429,10 +411,8 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
             counts[reason] += 1
             if reason in named and len(named[reason]) < _NAMED:
                 named[reason].append(storages.names[i])
-    distinct, reach = 0, 0
-    for low, high in sorted(ranges):
-        distinct += max(0, high - max(low, reach))
-        reach = max(reach, high)
+    eligible = _Ranges(list(ranges))
+    distinct = sum(high - low for low, high in zip(eligible.lows, eligible.highs, strict=True))
     skipped = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
     return (
         f"no storage on {where} covers the {window_bytes:,}-byte eviction window: "
@@ -446,8 +426,7 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
 _NAMED = 3
 """Names one line shows of the tensors skipped as borrowed; the rest are counted."""
 
-
-BORROWED_WORDS = {  # skip reason -> what it is, and the fix
+_BORROWED_WORDS = {  # skip reason -> what it is, and the fix
     "borrowed": (
         "a storage that does not own its memory: a slice base[a:b], from_blob, DLPack, IPC",
         "include a tensor over the owning storage in resident_tensors(), or allocate the "
@@ -461,38 +440,25 @@ BORROWED_WORDS = {  # skip reason -> what it is, and the fix
 }
 
 
+def _named(names: Iterable[str], count: int) -> str:
+    """The first :data:`_NAMED` of ``count`` names, the rest counted."""
+    listed = ", ".join(shown(repr(name), 80) for name in islice(names, _NAMED))
+    return listed + (f" and {count - _NAMED:,} more" if count > _NAMED else "")
+
+
 def _borrowed_fix(why: str, names: list[str], count: int) -> str:
-    listed = ", ".join(shown(repr(name), 80) for name in names)
-    more = f" and {count - len(names):,} more" if count > len(names) else ""
-    what, fix = BORROWED_WORDS[why]
-    return f"; {why} ({what}): {listed}{more}; fix: {fix}"
+    what, fix = _BORROWED_WORDS[why]
+    return f"; {why} ({what}): {_named(names, count)}; fix: {fix}"
 
 
-class _SameSize:
-    """Indices of the tensors whose storage has a given size."""
+def borrowed_line(why: str, names: Iterable[str], count: int) -> str:
+    """One line naming (bounded) the ``count`` tensors skipped as ``why``, with the fix.
 
-    _SCANS = 8
-    _FEW = 16
-
-    def __init__(self, sizes: list[int]) -> None:
-        self.sizes = sizes
-        self.scans = 0
-        self.groups: dict[int, list[int]] | None = None
-
-    def __call__(self, size: int) -> list[int]:
-        if self.groups is None and self.scans >= self._SCANS:
-            self.groups = {}
-            for i, value in enumerate(self.sizes):
-                self.groups.setdefault(value, []).append(i)
-        if self.groups is not None:
-            return self.groups.get(size, [])
-        self.scans += 1
-        if self.sizes.count(size) > self._FEW:
-            return list(compress(range(len(self.sizes)), map(size.__eq__, self.sizes)))
-        found: list[int] = []
-        index = self.sizes.index
-        try:
-            while True:
-                found.append(index(size, found[-1] + 1 if found else 0))
-        except ValueError:
-            return found
+    ``why`` is ``"borrowed"`` or ``"file-mapped"``.
+    """
+    what, fix = _BORROWED_WORDS[why]
+    return (
+        f"{count:,} resident tensors are not read because their storage borrows memory "
+        f"({what}), which its owner can free, move or unmap under the eviction: "
+        f"{_named(names, count)}; fix: {fix}"
+    )

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import sys
 import weakref  # only for the plugin's own EvictionHandle, never on a host tensor
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from functools import partial
+from itertools import chain
 from typing import Any, Literal
 
 import torch
@@ -30,23 +32,15 @@ _tensor_address: Callable[[Any], int] = torch.Tensor.data_ptr
 _use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 
 
-def _lone_refs() -> int:
-    """The Python count of a storage object held by one list slot, read as ``_unheld_slot`` does."""
-    tensor = torch.empty(1)
-    storages = [tensor.untyped_storage()]
-    return sys.getrefcount(storages[0])
+def _lone_refs(make: Callable[[], object]) -> int:
+    """The Python count of a new object held by one list slot, as ``_unheld_slot`` reads it."""
+    held = [make()]
+    return sys.getrefcount(held[0])
 
 
-_LONE_REFS = _lone_refs()
-
-
-def _lone_tensor_refs() -> int:
-    """The Python count of a tensor held by one list slot, as ``_unheld_slot`` reads it."""
-    tensors = [torch.empty(1)]
-    return sys.getrefcount(tensors[0])
-
-
-_LONE_TENSOR_REFS = _lone_tensor_refs()
+# The bound method keeps its tensor alive: a storage whose memory a tensor holds counts one more.
+_LONE_REFS = _lone_refs(torch.empty(1).untyped_storage)
+_LONE_TENSOR_REFS = _lone_refs(lambda: torch.empty(1))
 
 
 def triton_started() -> bool:
@@ -72,10 +66,7 @@ def _plain(tensor: torch.Tensor) -> bool:
 
     Other tensors are checked through their storage only.
     """
-    kind = type(tensor)
-    if kind is torch.Tensor:
-        return True
-    found = getattr(kind, "__torch_function__", None)
+    found = getattr(type(tensor), "__torch_function__", None)
     default = torch.Tensor.__torch_function__.__func__  # type: ignore[attr-defined]
     return found is torch._C._disabled_torch_function_impl or (
         getattr(found, "__func__", None) is default
@@ -123,38 +114,36 @@ class WeightEviction:
         self._fallback_factory = fallback
         self._fallback: Callable[[], None] | None = None
         self._views: list[torch.Tensor] = []  # 1-d float32, one per piece, as read
-        self._reads: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, its output)
+        # The reads, each a functools.partial over tensors that view the weights: torch's
+        # reduction (input, and out=), or Triton's (kernel, grid, chunk, out, n).
+        self._launches: list[Callable[[], Any]] = []
         # Each storage read, once: this list is the object's only reference to it, so
         # unheld() can tell a holder of the host's from its own (see _unheld_slot).
         self._storages: list[torch.UntypedStorage] = []
-        self._slots: dict[int, int] = {}  # id(storage) -> its index in _storages
-        self._ours: list[int] = []  # per storage: holders of its memory that are this object's
-        self._cdatas: list[int] = []
-        # (storage index, its address, bytes needed), and (host tensor, its address) per piece.
-        self._needed: list[tuple[int, int, int]] = []
+        self._holds: list[tuple[int, int]] = []  # per storage: (_cdata, holders that are ours)
+        # Per piece: (storage index, its address, bytes needed, region name).
+        self._needed: list[tuple[int, int, int, str]] = []
         # Host tensors a piece was chosen through, each once, held strongly (no weakref: see
         # the class docstring), and (index in _hosts, its address, region name) per piece.
         self._hosts: list[torch.Tensor] = []
         self._owners: list[tuple[int, int, str]] = []
-        self._names: list[str] = []  # the region's name, per entry of _needed
         self.fell_back_reason: str | None = None
         """Why the reads stopped before :meth:`release` (``None``: they never did)."""
+        slots: dict[int, int] = {}  # id(storage) -> its index in _storages
         with torch.inference_mode(False):
             self._partial = torch.zeros(OUTPUT_ROWS, dtype=torch.float32, device=self.device)
             self._out = torch.zeros((), dtype=torch.float32, device=self.device)
             for region in choice.regions:
                 for piece in region.pieces:
-                    self._add(region.name, piece)
+                    self._add(region.name, piece, slots)
         self.read_bytes = sum(v.numel() for v in self._views) * WORD
-        self._launches: list[Callable[[], None]] = []
         self.kernel: Literal["triton", "torch"] = "torch"
         self.kernel_note = ""
         self._choose_kernel(kernel)
-        self._ours = self._own_holds()
-        self._slots = {}
+        self._holds = self._own_holds()
 
-    def _add(self, name: str, piece: WeightPiece) -> None:
-        """One piece's view, its reads, and what :meth:`_intact` checks of it."""
+    def _add(self, name: str, piece: WeightPiece, slots: dict[int, int]) -> None:
+        """One piece's view, its reads, and what :meth:`_broken` checks of it."""
         # set_ past a storage's end would grow it: reallocate the weights.
         if piece.offset + piece.nbytes > _nbytes(piece.storage):
             raise WeightsError(
@@ -162,9 +151,9 @@ class WeightEviction:
                 f"{_nbytes(piece.storage):,} bytes, fewer than the "
                 f"{piece.offset + piece.nbytes:,} the choice reads; nothing installed"
             )
-        slot = self._slots.get(id(piece.storage))
+        slot = slots.get(id(piece.storage))
         if slot is None:
-            slot = self._slots[id(piece.storage)] = len(self._storages)
+            slot = slots[id(piece.storage)] = len(self._storages)
             self._storages.append(piece.storage)
         count = piece.nbytes // WORD
         view = torch.empty(0, dtype=torch.float32, device=self.device)
@@ -172,11 +161,12 @@ class WeightEviction:
         self._views.append(view)
         main = count - count % OUTPUT_ROWS
         if main:
-            self._reads.append((view[:main].view(OUTPUT_ROWS, -1), self._partial))
+            self._launches.append(
+                partial(torch.sum, view[:main].view(OUTPUT_ROWS, -1), dim=-1, out=self._partial)
+            )
         if count - main:
-            self._reads.append((view[main:], self._out))
-        self._needed.append((slot, _address(piece.storage), piece.offset + piece.nbytes))
-        self._names.append(name)
+            self._launches.append(partial(torch.sum, view[main:], dim=-1, out=self._out))
+        self._needed.append((slot, _address(piece.storage), piece.offset + piece.nbytes, name))
         if piece.tensor is not None and _plain(piece.tensor):
             try:
                 address = _tensor_address(piece.tensor)
@@ -214,56 +204,67 @@ class WeightEviction:
     def released(self) -> bool:
         return not self._views
 
-    def _intact(self) -> bool:
-        """Whether every piece still covers what it covered at the hook (cheap: C calls only)."""
+    def _broken(self) -> str | None:
+        """What changed since the hook, in words (``None``: nothing); words only for a change."""
+        storages = self._storages
+        for slot, address, needed, name in self._needed:
+            try:
+                now, size = _address(storages[slot]), _nbytes(storages[slot])
+            except Exception:
+                return f"the storage of {shown(repr(name), 120)} can no longer be read"
+            if now != address or size < needed:
+                return (
+                    f"the storage of {shown(repr(name), 120)} was freed, resized or moved "
+                    f"after the hook (address {address:#x} -> {now:#x}, {size:,} bytes; "
+                    "resize_, share_memory_)"
+                )
+        hosts = self._hosts
+        for index, address, region in self._owners:
+            try:
+                moved = _tensor_address(hosts[index]) != address
+            except Exception:  # a host tensor whose address now raises: not the one chosen
+                moved = True
+            if moved:
+                return (
+                    f"a tensor of {shown(repr(region), 120)} no longer views the memory read "
+                    "(set_, param.data = ..., or offloaded) after the hook"
+                )
         try:
-            storages = self._storages
-            for slot, address, needed in self._needed:
-                if _address(storages[slot]) != address or _nbytes(storages[slot]) < needed:
-                    return False
-            hosts = self._hosts
-            for index, address, _ in self._owners:
-                if _tensor_address(hosts[index]) != address:
-                    return False
-            if self._unheld_slot() is not None:
-                return False
-        except Exception:  # a host tensor whose address now raises: not the one chosen
-            return False
-        return bool(self._views)
+            unheld = self.unheld()
+        except Exception:  # whatever broke the count, the weights read are not the host's
+            return (
+                f"a tensor of {shown(repr(self.source_name), 120)} no longer views the memory "
+                "read (set_, param.data = ..., or offloaded) after the hook"
+            )
+        return None if unheld is None else f"{unheld} after the hook"
 
-    def _own_holds(self) -> list[int]:
-        """Per storage read, how many of this object's own tensors hold its memory.
+    def _own_holds(self) -> list[tuple[int, int]]:
+        """Per storage read, its ``_cdata`` and how many of this object's tensors hold its memory.
 
         Counted from the tensors themselves, never as a difference of counts taken
         while the hook runs: a holder the host makes meanwhile stays the host's.
         """
         if _use_count is None:
             return []
-        self._cdatas = [storage._cdata for storage in self._storages]
-        slot_of = {cdata: slot for slot, cdata in enumerate(self._cdatas)}
-        ours = [0] * len(self._storages)
+        cdatas = [storage._cdata for storage in self._storages]
+        slot_of = {cdata: slot for slot, cdata in enumerate(cdatas)}
+        ours = [0] * len(cdatas)
+        launched = (a for launch in self._launches for a in getattr(launch, "args", ()))
         with torch._C.DisableTorchFunction():  # a host's function mode answers nothing here
-            for tensor in self._own_tensors():
-                slot = slot_of.get(tensor.untyped_storage()._cdata)
-                if slot is not None:
-                    ours[slot] += 1
-        return ours
-
-    def _own_tensors(self) -> Iterator[torch.Tensor]:
-        """Every tensor this object keeps that may view the weights."""
-        yield from self._views
-        yield from (source for source, _ in self._reads)
-        for launch in self._launches:  # functools.partial over (kernel, grid, chunk, out, n)
-            yield from (a for a in getattr(launch, "args", ()) if isinstance(a, torch.Tensor))
+            for tensor in chain(self._views, launched):
+                if isinstance(tensor, torch.Tensor):
+                    slot = slot_of.get(tensor.untyped_storage()._cdata)
+                    if slot is not None:
+                        ours[slot] += 1
+        return list(zip(cdatas, ours, strict=True))
 
     def _unheld_slot(self) -> int | None:
         """The first storage read that nothing but this object holds (``None``: none)."""
-        if _use_count is None or not self._ours:
+        if _use_count is None or not self._holds:
             return None
         lone = self._lone_hosts()
-        for slot, ours in enumerate(self._ours):
-            # _cdata is the storage's C++ address, fixed while this object holds the storage.
-            cdata = self._cdatas[slot]
+        # _cdata is the storage's C++ address, fixed while this object holds the storage.
+        for slot, (cdata, ours) in enumerate(self._holds):
             if _use_count(cdata) > ours + 1 + (lone.count(cdata) if lone else 0):
                 continue  # another tensor of the host's (+1: the storage object)
             if sys.getrefcount(self._storages[slot]) > _LONE_REFS:
@@ -292,94 +293,43 @@ class WeightEviction:
         slot = self._unheld_slot()
         if slot is None:
             return None
-        name = self._names[next(i for i, n in enumerate(self._needed) if n[0] == slot)]
+        name = next(needed[3] for needed in self._needed if needed[0] == slot)
         return (
             f"nothing but the plugin holds the storage of {shown(repr(name), 120)} "
             f"({_nbytes(self._storages[slot]):,} bytes): a copy was passed, or its holder "
             "dropped those weights"
         )
 
-    def _why_not_intact(self) -> str:
-        """What changed since the hook, in words (only called once, on the way to stock)."""
-        for (slot, address, needed), name in zip(self._needed, self._names, strict=True):
-            try:
-                now, size = _address(self._storages[slot]), _nbytes(self._storages[slot])
-            except Exception:
-                return f"the storage of {shown(repr(name), 120)} can no longer be read"
-            if now != address or size < needed:
-                return (
-                    f"the storage of {shown(repr(name), 120)} was freed, resized or moved "
-                    f"after the hook (address {address:#x} -> {now:#x}, {size:,} bytes; "
-                    "resize_, share_memory_)"
-                )
-        name = self.source_name
-        for index, address, region in self._owners:
-            try:
-                moved = _tensor_address(self._hosts[index]) != address
-            except Exception:
-                moved = True
-            if moved:
-                return (
-                    f"a tensor of {shown(repr(region), 120)} no longer views the memory read "
-                    "(set_, param.data = ..., or offloaded) after the hook"
-                )
-        unheld = self.unheld()
-        if unheld is not None:
-            return f"{unheld} after the hook"
-        return (
-            f"a tensor of {shown(repr(name), 120)} no longer views the memory read "
-            "(set_, param.data = ..., or offloaded) after the hook"
-        )
-
     def __call__(self) -> None:
-        if self._fallback is None and self._intact():
-            for launch in self._launches:
-                launch()
-            if not self._launches:
-                for source, out in self._reads:
-                    torch.sum(source, dim=-1, out=out)
-            return
-        self._stock()()
+        fallback = self._fallback
+        if fallback is None:
+            why = self._broken() if self._views else None
+            if why is None and self._views:
+                for launch in self._launches:
+                    launch()
+                return
+            fallback = self._fall_back(why)
+        fallback()
 
-    def _stock(self) -> Callable[[], None]:
-        if self._fallback is None:
-            if self.released:
-                why = "released"
-            else:
-                why = self.fell_back_reason = self._why_not_intact()
-            say(
-                log,
-                logging.WARNING,
-                "flare_l2evict: eviction over %s on %s stops reading weights: %s; until %s, "
-                "each race falls back to stock b12x's own buffer (%s reports the shortfall); "
-                "fix: keep the weights in place until %s",
-                shown(repr(self.source_name), 120),
-                self.device,
-                why,
-                self.until,
-                self.until,
-                self.until,
-            )
-            made = self._fallback_factory() if self._fallback_factory else None
-            self._fallback = made if made is not None else _no_eviction
-            self.release()
+    def _fall_back(self, why: str | None) -> Callable[[], None]:
+        """Stock's eviction from now on, with one WARNING line (``why`` ``None``: released)."""
+        self.fell_back_reason = why
+        name, until = shown(repr(self.source_name), 120), self.until
+        line = (
+            f"flare_l2evict: eviction over {name} on {self.device} stops reading weights: "
+            f"{why or 'released'}; until {until}, each race falls back to stock b12x's own "
+            f"buffer ({until} reports the shortfall); fix: keep the weights in place until {until}"
+        )
+        say(log, logging.WARNING, "%s", line)
+        made = self._fallback_factory() if self._fallback_factory else None
+        self._fallback = made if made is not None else _no_eviction
+        self.release()
         return self._fallback
 
-    def checksum(self) -> float:
-        """The sum of the last call's outputs (synchronises; for tests, not races)."""
-        return float(self._partial.sum().item() + self._out.item())
-
     def release(self) -> None:
-        """Drop every reference to the weights. Idempotent."""
-        self._views = []
-        self._reads = []
-        self._launches = []  # they hold views of the weights too
-        self._needed = []
-        self._owners = []
-        self._hosts = []
-        self._ours = []
-        self._cdatas = []
-        self._storages = []
+        """Drop every reference to the weights (the launches hold views of them too). Idempotent."""
+        self._views, self._launches, self._storages = [], [], []
+        self._needed, self._owners, self._hosts, self._holds = [], [], [], []
 
     def __repr__(self) -> str:
         state = "released" if self.released else f"{self.read_bytes:,} bytes"

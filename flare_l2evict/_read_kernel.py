@@ -11,6 +11,7 @@ view and writes at most ``len(partial)`` float32 sums; it covers at most
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from functools import partial as partial_call
 from typing import Any
@@ -24,29 +25,25 @@ _ITERS = 8
 _WARPS = 4
 _MAX_ELEMENTS = 1 << 30
 
-_KERNEL: Any = None
 
-
+@functools.cache
 def _kernel() -> Any:
-    global _KERNEL
-    if _KERNEL is None:
-        import triton
-        import triton.language as tl
+    import triton
+    import triton.language as tl
 
-        @triton.jit  # type: ignore[untyped-decorator]
-        def read(x, out, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):  # type: ignore[no-untyped-def]
-            pid = tl.program_id(0)
-            step = tl.num_programs(0) * BLOCK * ITERS
-            acc = tl.zeros((BLOCK,), dtype=tl.float32)
-            for base in range(pid * BLOCK * ITERS, n, step):
-                for i in tl.static_range(ITERS):
-                    offsets = base + i * BLOCK + tl.arange(0, BLOCK)
-                    # .cg: through L2 only, which is the cache to displace.
-                    acc += tl.load(x + offsets, mask=offsets < n, other=0.0, cache_modifier=".cg")
-            tl.store(out + pid, tl.sum(acc))
+    @triton.jit  # type: ignore[untyped-decorator]
+    def read(x, out, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):  # type: ignore[no-untyped-def]
+        pid = tl.program_id(0)
+        step = tl.num_programs(0) * BLOCK * ITERS
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for base in range(pid * BLOCK * ITERS, n, step):
+            for i in tl.static_range(ITERS):
+                offsets = base + i * BLOCK + tl.arange(0, BLOCK)
+                # .cg: through L2 only, which is the cache to displace.
+                acc += tl.load(x + offsets, mask=offsets < n, other=0.0, cache_modifier=".cg")
+        tl.store(out + pid, tl.sum(acc))
 
-        _KERNEL = read
-    return _KERNEL
+    return read
 
 
 def triton_reads(

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, overload
+from typing import Any
 
 import torch
 
-from ._decision import _NAMED, BORROWED_WORDS, RegionChoice, Storages
+from ._decision import RegionChoice, Storages, borrowed_line
 from ._errors import WeightsError
 from ._log import say
-from ._text import described_value, shown
+from ._text import described_value
 
 log = logging.getLogger("flare_l2evict.source")
 
@@ -25,11 +25,6 @@ _storage_of: Callable[[Any], torch.UntypedStorage] = torch.Tensor.untyped_storag
 _storage_pointer: Callable[[Any], int] = torch.UntypedStorage.data_ptr
 _storage_nbytes: Callable[[Any], int] = torch.UntypedStorage.nbytes
 _storage_resizable: Callable[[Any], bool] = torch.UntypedStorage.resizable
-
-BORROWED = "borrowed"
-"""The skip reason of a storage that does not own its memory (see :func:`storages_of`)."""
-FILE_MAPPED = "file-mapped"
-"""The skip reason of a borrowed CPU storage whose memory is a file's mapping (an mmap)."""
 
 MAX_TENSORS = 250_000
 """More resident tensors than any checkpoint shard holds (DeepSeek V3: ~92,000 in all).
@@ -79,14 +74,6 @@ class WeightChoice:
     def name(self) -> str:
         return self.regions[0].name
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(region.nbytes for region in self.regions)
-
-    @property
-    def read_bytes(self) -> int:
-        return sum(piece.nbytes for region in self.regions for piece in region.pieces)
-
 
 def same_device(a: torch.device, b: torch.device) -> bool:
     """Whether two devices are one, reading an index-less ``cuda`` as the current device."""
@@ -101,106 +88,75 @@ def same_device(a: torch.device, b: torch.device) -> bool:
 
 def _storages(
     names: list[str], values: list[object]
-) -> tuple[list[torch.UntypedStorage | None], bool]:
-    """Each tensor's storage (``None`` where it has none) and whether all had one."""
+) -> tuple[list[torch.UntypedStorage | None], list[int]]:
+    """Each tensor's storage (``None`` where it has no readable one) and its size in bytes."""
     # A subclass's __torch_function__ could answer untyped_storage() with memory only the
     # plugin would hold (a lazily built copy): with it disabled, the answer is the tensor's own.
     with torch._C.DisableTorchFunctionSubclass():
-        return _each_storage(names, values)
-
-
-def _each_storage(
-    names: list[str], values: list[object]
-) -> tuple[list[torch.UntypedStorage | None], bool]:
-    try:
-        # C-level iteration, one call per tensor: a 100,000-tensor checkpoint stays fast.
-        return list(map(_storage_of, values)), True
-    except Exception:
-        pass
-    found: list[torch.UntypedStorage | None] = []
-    for name, value in zip(names, values, strict=True):
-        if not isinstance(value, torch.Tensor):
-            raise WeightsError(
-                f"resident tensor {name!r:.200} is a {type(value).__name__}, not a torch.Tensor; "
-                "fix: the host's resident_tensors() must map names to tensors"
-            )
         try:
-            found.append(_storage_of(value))
-        except Exception:  # tensor subclasses without a plain storage are not readable
-            found.append(None)
-    return found, False
+            # C-level iteration, one call per tensor: a 100,000-tensor checkpoint stays fast.
+            found: list[torch.UntypedStorage | None] = list(map(_storage_of, values))
+            return found, list(map(_storage_nbytes, found))
+        except Exception:  # a tensor without a plain storage, or a wrapper subclass's storage
+            found = []
+        for name, value in zip(names, values, strict=True):
+            if not isinstance(value, torch.Tensor):
+                raise WeightsError(
+                    f"resident tensor {name!r:.200} is a {type(value).__name__}, not a "
+                    "torch.Tensor; fix: the host's resident_tensors() must map names to tensors"
+                )
+            try:
+                found.append(_storage_of(value))
+            except Exception:  # tensor subclasses without a plain storage are not readable
+                found.append(None)
+    found = [s if _readable(s) else None for s in found]
+    return found, [0 if s is None else _storage_nbytes(s) for s in found]
 
 
-class ResidentStorages(Sequence["torch.UntypedStorage | None"]):
-    """Each resident tensor's storage (``None`` where unreadable), with the tensor itself."""
+@dataclass
+class ResidentStorages:
+    """Each resident tensor's name, storage (``None`` where unreadable) and value, by index.
 
-    def __init__(
-        self, names: list[str], storages: list[torch.UntypedStorage | None], tensors: list[object]
-    ) -> None:
-        self.names = names
-        self.storages = storages
-        self.tensors = tensors
-        self.borrowed: dict[int, None] = {}  # insertion-ordered set
-        self.mapped: dict[int, None] = {}  # of those, memory mapped from a file
+    ``skipped`` holds, per borrowed skip reason, the indices skipped for it (in order, once).
+    """
 
-    def __len__(self) -> int:
-        return len(self.storages)
-
-    @overload
-    def __getitem__(self, index: int, /) -> torch.UntypedStorage | None: ...
-
-    @overload
-    def __getitem__(self, index: slice, /) -> Sequence[torch.UntypedStorage | None]: ...
-
-    def __getitem__(
-        self, index: int | slice, /
-    ) -> torch.UntypedStorage | Sequence[torch.UntypedStorage | None] | None:
-        return self.storages[index]
-
-    def tensor(self, index: int) -> torch.Tensor | None:
-        found = self.tensors[index]
-        return found if isinstance(found, torch.Tensor) else None
-
-
-def borrowed_line(names: Sequence[str], count: int, *, mapped: bool = False) -> str:
-    """One line naming (bounded) the tensors whose storage borrows memory, with the fix."""
-    listed = ", ".join(shown(repr(name), 80) for name in names[:_NAMED])
-    more = f" and {count - _NAMED:,} more" if count > _NAMED else ""
-    what, fix = BORROWED_WORDS[FILE_MAPPED if mapped else BORROWED]
-    return (
-        f"{count:,} resident tensors are not read because their storage borrows memory "
-        f"({what}), which its owner can free, move or unmap under the eviction: "
-        f"{listed}{more}; fix: {fix}"
+    names: list[str]
+    storages: list[torch.UntypedStorage | None]
+    tensors: list[object]
+    skipped: dict[str, dict[int, None]] = field(
+        default_factory=lambda: {"borrowed": {}, "file-mapped": {}}
     )
 
 
-def _file_spans() -> tuple[list[int], list[int]]:
-    """The starts and ends of the process's file-backed mappings (``/proc/self/maps``)."""
-    spans = []
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            for fields in map(str.split, maps):
-                if len(fields) >= 6 and fields[5].startswith("/"):  # a path: a file's pages
-                    low, _, high = fields[0].partition("-")
-                    spans.append((int(low, 16), int(high, 16)))
-    except (OSError, ValueError):
-        return [], []
-    spans.sort()
-    return [low for low, _ in spans], [high for _, high in spans]
-
-
 class _FileSpans:
-    """:func:`_file_spans`, read when first asked (only a borrowed CPU storage asks)."""
+    """The process's file-backed mappings (``/proc/self/maps``), read when first asked.
+
+    Only a borrowed CPU storage asks.
+    """
 
     def __init__(self) -> None:
         self._spans: tuple[list[int], list[int]] | None = None
 
     def hold(self, address: int) -> bool:
         if self._spans is None:
-            self._spans = _file_spans()
+            self._spans = self._read()
         starts, ends = self._spans
         at = bisect_right(starts, address) - 1
         return at >= 0 and address < ends[at]
+
+    @staticmethod
+    def _read() -> tuple[list[int], list[int]]:
+        spans = []
+        try:
+            with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+                for fields in map(str.split, maps):
+                    if len(fields) >= 6 and fields[5].startswith("/"):  # a path: a file's pages
+                        low, _, high = fields[0].partition("-")
+                        spans.append((int(low, 16), int(high, 16)))
+        except (OSError, ValueError):
+            return [], []
+        spans.sort()
+        return [low for low, _ in spans], [high for _, high in spans]
 
 
 def storages_of(
@@ -213,11 +169,7 @@ def storages_of(
     CPU file mapping): its owner could free or move the memory under the eviction.
     """
     names, values = _names_and_values(tensors)
-    storages, complete = _storages(names, values)
-    sizes = _storage_sizes(storages) if complete else None
-    if sizes is None:
-        storages = [s if _readable(s) else None for s in storages]
-        sizes = [0 if s is None else _storage_nbytes(s) for s in storages]
+    storages, sizes = _storages(names, values)
     verdicts: dict[torch.device, str | None] = {}
     held = ResidentStorages(names, storages, values)
     files = _FileSpans()
@@ -231,11 +183,10 @@ def storages_of(
         except Exception:
             owns = False
         if not owns:
-            held.borrowed[index] = None
-            if storage.device.type == "cpu" and files.hold(_storage_pointer(storage)):
-                held.mapped[index] = None
-                return FILE_MAPPED
-            return BORROWED
+            mapped = storage.device.type == "cpu" and files.hold(_storage_pointer(storage))
+            reason = "file-mapped" if mapped else "borrowed"
+            held.skipped[reason][index] = None
+            return reason
         found = storage.device
         if found not in verdicts:
             if found.type == "meta":
@@ -244,10 +195,13 @@ def storages_of(
                 verdicts[found] = None if same_device(found, device) else "other device"
         return verdicts[found]
 
+    def start(index: int) -> int:
+        storage = storages[index]
+        return 0 if storage is None else _storage_pointer(storage)
+
     # Columns asked only for the largest storages: all 100,000 of a checkpoint up front
     # would cost more than the choice.
-    starts = _PerIndex(len(storages), lambda index: _start(storages[index]))
-    return Storages(names, sizes, starts, _PerIndex(len(storages), skip)), held
+    return Storages(names, sizes, _PerIndex(start), _PerIndex(skip)), held
 
 
 def _names_and_values(tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], list[object]]:
@@ -301,25 +255,14 @@ def _bounded_names(tensors: Mapping[str, torch.Tensor]) -> list[Any]:
     return found
 
 
+@dataclass(frozen=True)
 class _PerIndex:
     """A column of :class:`~._decision.Storages` computed on demand, index by index."""
 
-    def __init__(self, size: int, read: Callable[[int], Any]) -> None:
-        self._size = size
-        self._read = read
-
-    def __len__(self) -> int:
-        return self._size
+    read: Callable[[int], Any]
 
     def __getitem__(self, index: int, /) -> Any:
-        return self._read(index)
-
-
-def _storage_sizes(storages: list[torch.UntypedStorage | None]) -> list[int] | None:
-    try:
-        return list(map(_storage_nbytes, storages))
-    except Exception:  # a wrapper subclass's storage: sized one by one below
-        return None
+        return self.read(index)
 
 
 def _readable(storage: torch.UntypedStorage | None) -> bool:
@@ -334,29 +277,22 @@ def _readable(storage: torch.UntypedStorage | None) -> bool:
     return True
 
 
-def _start(storage: torch.UntypedStorage | None) -> int:
-    return 0 if storage is None else _storage_pointer(storage)
-
-
 def weight_choice(
-    choice: RegionChoice, storages: Sequence[torch.UntypedStorage | None], device: torch.device
+    choice: RegionChoice, held: ResidentStorages, device: torch.device
 ) -> WeightChoice:
     """The decision's regions as torch storages to read."""
-    held = storages if isinstance(storages, ResidentStorages) else None
     regions = []
     for source in choice.regions:
         pieces = []
         for piece in source.pieces:
-            storage = storages[piece.owner]
+            storage, tensor = held.storages[piece.owner], held.tensors[piece.owner]
             assert storage is not None  # the decision reads only storages that exist
-            tensor = None if held is None else held.tensor(piece.owner)
+            if not isinstance(tensor, torch.Tensor):
+                tensor = None
             pieces.append(WeightPiece(storage, piece.offset, piece.nbytes, tensor))
         regions.append(WeightRegion(source.name, source.storage_bytes, tuple(pieces)))
-    if held is not None:
-        others = [i for i in held.borrowed if i not in held.mapped]
-        for mapped, indices in ((False, others), (True, list(held.mapped))):
-            if indices:
-                names = [held.names[i] for i in indices[:_NAMED]]
-                line = borrowed_line(names, len(indices), mapped=mapped)
-                say(log, logging.INFO, "flare_l2evict: %s", line)
+    for why, indices in held.skipped.items():
+        if indices:
+            line = borrowed_line(why, map(held.names.__getitem__, indices), len(indices))
+            say(log, logging.INFO, "flare_l2evict: %s", line)
     return WeightChoice(tuple(regions), choice.window_bytes, device)

@@ -21,6 +21,7 @@ import pytest
 import torch
 from support.figures import MiB
 from support.freed_memory import FREED, freed
+from support.sums import checksum
 
 from flare_l2evict._eviction import WeightEviction
 from flare_l2evict.tools._choose_weights import choose_weights
@@ -37,7 +38,7 @@ def test_reads_the_tail_of_the_storage_and_writes_nothing() -> None:
     eviction = WeightEviction(choose_weights({"w": weights}, "cpu", window_bytes=400))
     eviction()
     assert eviction.read_bytes == 400
-    assert eviction.checksum() == sum(range(900, 1000))  # the last 100 floats
+    assert checksum(eviction) == sum(range(900, 1000))  # the last 100 floats
     assert digest(weights) == before
 
 
@@ -48,7 +49,7 @@ def test_reads_several_storages_to_cover_the_window() -> None:
     assert len(eviction._views) == 2
     eviction()
     # The last view read is 50 elements of "small" (2.0 each).
-    assert eviction.checksum() == 100.0
+    assert checksum(eviction) == 100.0
 
 
 def test_a_call_allocates_nothing_on_the_host_side() -> None:

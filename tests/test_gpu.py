@@ -23,6 +23,7 @@ from types import ModuleType
 import pytest
 import torch
 from support.figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
+from support.sums import checksum
 
 import flare_l2evict
 from benchmarks.bench import Probe, compare
@@ -193,7 +194,7 @@ def test_eviction_is_captured_in_a_cuda_graph(
     plugin._partial.zero_()
     graph.replay()
     torch.cuda.synchronize(device)
-    assert plugin.checksum() == pytest.approx(plugin.read_bytes / 4, rel=1e-5)
+    assert checksum(plugin) == pytest.approx(plugin.read_bytes / 4, rel=1e-5)
 
 
 @pytest.mark.parametrize("kernel", ["auto", "torch"])

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from support.figures import OWN, MiB
+from support.sums import checksum
 
 import flare_l2evict
 import flare_l2evict._eviction
@@ -96,7 +97,7 @@ def test_a_host_under_inference_mode_races_outside_it(
     for _ in range(3):
         handle()  # outside inference mode, as b12x's races run
     torch.cuda.synchronize(device)
-    assert handle.eviction.checksum() == pytest.approx(report.window_bytes / 4, rel=1e-5)
+    assert checksum(handle.eviction) == pytest.approx(report.window_bytes / 4, rel=1e-5)
 
 
 def test_tensors_over_one_cuda_allocation_count_once(

@@ -42,6 +42,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from support.figures import OWN, MiB
+from support.sums import checksum, read_bytes
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, ReclaimReport, plugin
@@ -260,7 +261,7 @@ def test_partly_overlapping_storages_are_read_once_each_byte() -> None:
     }
     choice = choose_weights(tensors, "cpu", 96 * MiB)
     (region,) = choice.regions
-    assert region.nbytes == 96 * MiB and choice.read_bytes == 96 * MiB
+    assert region.nbytes == 96 * MiB and read_bytes(choice) == 96 * MiB
     with pytest.raises(flare_l2evict.WeightsError, match=r"96.*distinct bytes"):
         choose_weights(tensors, "cpu", 128 * MiB)  # 2 x 64 MiB, but 96 distinct
 
@@ -329,7 +330,7 @@ def test_races_outside_inference_mode_use_an_eviction_made_inside_it() -> None:
     eviction = measurement._l2_flush_fn(torch.device("cpu"), enabled=True)
     eviction()  # would raise "Inplace update to inference tensor outside InferenceMode"
     eviction()
-    assert isinstance(eviction, EvictionHandle) and eviction.eviction.checksum() == 0.0
+    assert isinstance(eviction, EvictionHandle) and checksum(eviction.eviction) == 0.0
 
 
 # 8. on_error = "raise" raises for every contract violation, after restoring stock b12x.
