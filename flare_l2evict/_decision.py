@@ -411,8 +411,10 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
             counts[reason] += 1
             if reason in named and len(named[reason]) < _NAMED:
                 named[reason].append(storages.names[i])
-    eligible = _Ranges(list(ranges))
-    distinct = sum(high - low for low, high in zip(eligible.lows, eligible.highs, strict=True))
+    distinct, reach = 0, 0  # one sweep: _Ranges' merged lists cost twice as much here
+    for low, high in sorted(ranges):
+        distinct += max(0, high - max(low, reach))
+        reach = max(reach, high)
     skipped = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
     return (
         f"no storage on {where} covers the {window_bytes:,}-byte eviction window: "
