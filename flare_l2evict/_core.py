@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ._agree import Agreement, RankOutcome, agree, settings_digest
-from ._basis import measure_basis
+from ._b12x.proof import measure_basis
 from ._credit import Credit
 from ._decision import choose_regions
 from ._errors import L2EvictError

@@ -16,15 +16,14 @@ from typing import Literal, Protocol
 
 import torch
 
-from ._b12x.patch import Alive, Counts, inject, stock_fallback
-from ._basis import CreditBasis
-from ._credit import Credit, credit
+from ._b12x.patch import Patch
+from ._b12x.proof import CreditBasis
+from ._credit import WORD, Credit, credit
 from ._errors import RuntimeContractError
 from ._eviction import Kernel, WeightEviction
 from ._report import DeviceAudit, ReclaimReport, RegionRead, StartupAudit, Words
 from ._text import described, shown
 from ._weights import WeightChoice
-from ._window import WORD
 
 Mechanism = Literal["fork", "stock-seam"]
 
@@ -40,8 +39,6 @@ class Holder(Protocol):
 @dataclass(frozen=True)
 class _Offer:
     nbytes: int
-    race_jobs: int
-    stock_buffer_bytes: int
     allocator_error: str | None
 
 
@@ -66,9 +63,7 @@ class Installation:
         mechanism: Mechanism,
         eviction: WeightEviction,
         undo: list[Callable[[], None]],
-        counts: dict[str, Counts],
-        alive: Alive,
-        basis: CreditBasis,
+        patch: Patch,
         sources: tuple[RegionRead, ...],
         process: Holder,
         words: Words,
@@ -87,22 +82,21 @@ class Installation:
         self.read_bytes = eviction.read_bytes
         self.window_bytes = eviction.window_bytes
         self.read_kernel = eviction.kernel
-        self.basis = basis
+        self.basis: CreditBasis = patch.basis
         self.sources = sources
         """What the eviction reads, per region, for the report."""
         self._eviction = eviction
         self._undo = undo
-        self._counts = counts
-        self._alive = alive
+        self._patch = patch
         self._offer: _Offer | None = None
         self._offering = False
         self._ended = False
         self.restored = False
         self.credit: Credit = credit(
             installable=True,
-            race_jobs=basis.race_jobs,
-            stock_buffer_bytes=basis.stock.nbytes,
-            window_bytes=basis.window_bytes // WORD * WORD,
+            race_jobs=self.basis.race_jobs,
+            stock_buffer_bytes=self.basis.stock.nbytes,
+            window_bytes=self.basis.window_bytes // WORD * WORD,
             read_bytes=self.read_bytes,
         )
 
@@ -164,9 +158,7 @@ class Installation:
                 # b12x back: a credit recorded now would stand with nothing backing it.
                 if self.restored or not current():
                     return False
-                self._offer = _Offer(
-                    report.reclaimed_bytes, self.basis.race_jobs, self.basis.stock.nbytes, None
-                )
+                self._offer = _Offer(report.reclaimed_bytes, None)
                 self._offering = True
             if add is not None:
                 _check_returned(add(report))
@@ -201,41 +193,41 @@ class Installation:
 
     def audit(self) -> StartupAudit:
         """What b12x asked of the seam so far, per device, and the credit it cost."""
-        key = str(self.device)
-        devices = tuple(
-            DeviceAudit(
-                device=device,
-                requested=c.requested,
-                served_by_weights=c.served,
-                stock_buffers=c.stock_buffers,
-                stock_bytes=c.stock_bytes,
-            )
-            for device, c in sorted(self._counts.items())
-        )
-        offer = self._offer or _Offer(0, 0, 0, None)
-        made = self._counts[key].stock_bytes if key in self._counts else 0
+        key, counts, peak = str(self.device), self._patch.counts, self._patch.peak
+        credited = self.offered_bytes
+        jobs = 0 if self._offer is None else self.basis.race_jobs
+        made = counts[key].stock_bytes if key in counts else 0
         fell_back = self._eviction.fell_back_reason
-        if self._cut_short and offer.nbytes:  # races after restore() made unseen stock buffers
-            made = offer.nbytes
+        if self._cut_short and credited:  # races after restore() made unseen stock buffers
+            made = credited
             fell_back = (
                 f"flare_l2evict.restore() ran before {self.words.ends}, while the credit "
                 "stood; the races after it allocated stock buffers"
             )
         counted = self.mechanism != "fork"
         unused = 0
-        if counted and offer.nbytes and self._alive.peak < offer.race_jobs:
-            unused = (offer.race_jobs - self._alive.peak) * offer.stock_buffer_bytes
+        if counted and credited and peak < jobs:
+            unused = (jobs - peak) * self.basis.stock.nbytes
         return StartupAudit(
             mechanism=self.mechanism,
             device=key,
-            credited_bytes=offer.nbytes,
-            race_jobs=offer.race_jobs,
-            peak_alive=self._alive.peak if counted else None,
-            unused_credit_bytes=min(unused, offer.nbytes),
-            allocator_error=offer.allocator_error,
+            credited_bytes=credited,
+            race_jobs=jobs,
+            peak_alive=peak if counted else None,
+            unused_credit_bytes=min(unused, credited),
+            allocator_error=self.allocator_error,
             counted=counted,
-            devices=devices,
-            shortfall_bytes=min(made, offer.nbytes),
+            devices=tuple(
+                DeviceAudit(
+                    device=device,
+                    requested=c.requested,
+                    served_by_weights=c.served,
+                    stock_buffers=c.stock_buffers,
+                    stock_bytes=c.stock_bytes,
+                )
+                for device, c in sorted(counts.items())
+            ),
+            shortfall_bytes=min(made, credited),
             fallback_reason=fell_back,
         )
 
@@ -287,11 +279,10 @@ def make_installation(
     Returns the installation, which changes nothing yet, and the step that does;
     each change's undo is registered before it is made.
     """
-    counts: dict[str, Counts] = {}
-    alive = Alive(process)
+    patch = Patch(basis, process)
     eviction = WeightEviction(
         choice,  # the fallback must not hold the choice: it holds the weights
-        fallback=stock_fallback(basis, counts, choice.device),
+        fallback=patch.fallback(choice.device),
         kernel=kernel,
         until=words.ends,
     )
@@ -303,8 +294,8 @@ def make_installation(
     )
     undo: list[Callable[[], None]] = []
     mechanism: Mechanism = "fork" if basis.fork is not None else "stock-seam"
-    made = Installation(mechanism, eviction, undo, counts, alive, basis, sources, process, words)
-    return made, inject(basis, eviction, counts, alive, undo)
+    made = Installation(mechanism, eviction, undo, patch, sources, process, words)
+    return made, patch.step(eviction, undo)
 
 
 def _check_returned(returned: object) -> None:

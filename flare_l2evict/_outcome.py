@@ -19,7 +19,7 @@ from ._text import described, shown
 
 if TYPE_CHECKING:
     from ._agree import Agreement
-    from ._basis import CreditBasis
+    from ._b12x.proof import CreditBasis
     from ._install import Installation
 
 log = logging.getLogger("flare_l2evict")

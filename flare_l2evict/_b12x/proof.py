@@ -8,20 +8,22 @@ really allocates, so the KV credit rests on facts rather than a copied formula.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
-import importlib.util
 import inspect
 import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._credit import device_l2_bytes, stock_buffer_bytes
 from .._errors import InstallError
 from .provider import provider_problem, versions
-from .table import ROOTS, SeamRow, fork_rows, stock_rows
+from .table import ROOTS, SeamRow, rows
+
+if TYPE_CHECKING:
+    from .._settings import L2EvictSettings
 
 MARK = "__flare_l2evict__"
 """Attribute set on the plugin's replacement of the seam (its ``__wrapped__`` is the original)."""
@@ -88,7 +90,7 @@ def fork_api() -> Callable[..., Any] | None:
     Raises :class:`InstallError` on another shape: the plugin never hands storage
     to a call it does not know.
     """
-    for row in fork_rows():
+    for row in rows("fork"):
         function = row.loaded()
         if function is not None:
             checked: Callable[..., Any] = _check_signature(
@@ -209,8 +211,8 @@ def _refuse_hidden(
 
 def _import_row() -> SeamRow:
     """The first stock row whose module imports; raises naming the first row when none does."""
-    rows = stock_rows()
-    for row in rows:
+    stock = rows("stock")
+    for row in stock:
         try:
             importlib.import_module(row.module_path)
         except ImportError:
@@ -219,17 +221,17 @@ def _import_row() -> SeamRow:
             raise _blamed(f"importing {row.module_path}", error) from None
         return row
     try:
-        importlib.import_module(rows[0].module_path)
+        importlib.import_module(stock[0].module_path)
     except ImportError as error:
         b12x, flashinfer = versions()
         if b12x or flashinfer:
             which = f"b12x {b12x}" if b12x else f"flashinfer-python {flashinfer}"
             raise InstallError(
-                f"{which} has no {rows[0].module_path} ({error}): it runs no start-up races the "
+                f"{which} has no {stock[0].module_path} ({error}): it runs no start-up races the "
                 f"plugin knows; {FIX}"
             ) from None
         raise InstallError(f"b12x is not importable ({error}); {FIX}") from None
-    return rows[0]  # imported on the second try: a module that fails once, then loads
+    return stock[0]  # imported on the second try: a module that fails once, then loads
 
 
 def host_mode() -> str | None:
@@ -297,26 +299,36 @@ def prove_seam() -> SeamProof:
     return SeamProof(tuple(seams), tuple(bindings), b12x, flashinfer, row)
 
 
+def allocated(proof: SeamProof, device: torch.device) -> tuple[Flush | None, int]:
+    """One call of stock's seam on ``device`` and the bytes it allocated.
+
+    On CUDA, the caching allocator's growth; elsewhere, what the closure holds.
+    """
+    if device.type == "cuda":
+        before = torch.cuda.memory_allocated(device)
+        made = proof.row.call(proof.original, device, True)
+        return made, max(0, torch.cuda.memory_allocated(device) - before)
+    made = proof.row.call(proof.original, device, True)
+    return made, held_bytes(made)
+
+
 def measure_stock_buffer(
     proof: SeamProof, device: torch.device, l2_cache_bytes: int
 ) -> StockBuffer:
     """What one call of stock's seam allocates on ``device``; freed again before returning."""
-    if device.type == "cuda":
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        before = torch.cuda.memory_allocated(device)
-        made = proof.row.call(proof.original, device, True)
-        grown = torch.cuda.memory_allocated(device) - before
-        del made
-        torch.cuda.empty_cache()
-        return StockBuffer(max(0, grown), measured=True)
+    cuda = device.type == "cuda"
+    if cuda and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     try:
-        made = proof.row.call(proof.original, device, True)
+        made, nbytes = allocated(proof, device)
     except Exception:
-        return StockBuffer(proof.row.buffer_bytes(l2_cache_bytes), measured=False)
-    held = held_bytes(made)
+        if cuda:
+            raise
+        return StockBuffer(stock_buffer_bytes(l2_cache_bytes), measured=False)
     del made
-    return StockBuffer(held, measured=True)
+    if cuda:
+        torch.cuda.empty_cache()
+    return StockBuffer(nbytes, measured=True)
 
 
 def held_bytes(flush: object) -> int:
@@ -331,3 +343,40 @@ def held_bytes(flush: object) -> int:
             storage = value.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
+
+
+@dataclass(frozen=True)
+class CreditBasis:
+    """The byte figures of this device that the credit rests on, and the seam they came from.
+
+    Fork-or-stock is asked once, here: exactly one of ``fork`` and ``proof`` is
+    set. ``stock`` is measured once and used by both credit and installation.
+    """
+
+    l2_cache_bytes: int
+    window_bytes: int
+    stock: StockBuffer
+    race_jobs: int
+    proof: SeamProof | None
+    fork: Callable[..., Any] | None = None
+
+
+def measure_basis(
+    device: torch.device,
+    l2_cache_bytes: int | None,
+    settings: L2EvictSettings,
+    race_jobs: int,
+) -> CreditBasis:
+    """L2, window and stock's real per-job buffer on ``device``.
+
+    Raises :class:`~flare_l2evict.InstallError` when b12x fails the proof and the
+    fork's API is absent.
+    """
+    l2 = device_l2_bytes(device) if l2_cache_bytes is None else l2_cache_bytes
+    window = settings.window_bytes(l2)
+    fork = fork_api()
+    if fork is not None:
+        formula = StockBuffer(stock_buffer_bytes(l2), measured=False)
+        return CreditBasis(l2, window, formula, race_jobs, None, fork)
+    proof = prove_seam()
+    return CreditBasis(l2, window, measure_stock_buffer(proof, device, l2), race_jobs, proof)

@@ -11,15 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._window import stock_buffer_bytes
-
 ROOTS = ("b12x", "flashinfer.experimental.b12x")
 """Where a loaded b12x lives: standalone, or inside flashinfer-python (which aliases the first)."""
 
 
 @dataclass(frozen=True)
 class SeamRow:
-    """One b12x shape: where its eviction is made, how it is called, who calls it, its bytes.
+    """One b12x shape: where its eviction is made, how it is called, who calls it.
 
     ``kind`` ``"fork"``: a function handed the storage (``None`` undoes);
     ``"stock"``: the factory the races call, which the plugin replaces.
@@ -34,7 +32,6 @@ class SeamRow:
     signature: tuple[tuple[str, str], ...]
     callers: tuple[tuple[str, str], ...]
     optional: tuple[str, ...]
-    buffer_bytes: Callable[[int], int]
     device: str = "device"
     """The calling convention: the parameter that names the device ..."""
     enabled: str = "enabled"
@@ -82,7 +79,6 @@ FORK = SeamRow(
     signature=(("storage", "POSITIONAL_OR_KEYWORD"),),
     callers=(),
     optional=(),
-    buffer_bytes=stock_buffer_bytes,
 )
 """The fork's API: it takes the resident storage whose reads replace the buffer."""
 
@@ -97,7 +93,6 @@ STOCK_1_5 = SeamRow(
         ("preparation.session", "PreparationJob._measure"),
     ),
     optional=("preparation.session",),  # a b12x without sessions makes no job evictions
-    buffer_bytes=stock_buffer_bytes,
 )
 """Stock b12x: ``_l2_flush_fn(device, *, enabled)`` makes each race job's buffer."""
 
@@ -105,23 +100,11 @@ ROWS: tuple[SeamRow, ...] = (FORK, STOCK_1_5)
 """Every shape known, the fork first: where its API is present it is used."""
 
 
-def fork_rows() -> tuple[SeamRow, ...]:
-    return tuple(row for row in ROWS if row.kind == "fork")
-
-
-def stock_rows() -> tuple[SeamRow, ...]:
-    return tuple(row for row in ROWS if row.kind == "stock")
+def rows(kind: Literal["fork", "stock"]) -> tuple[SeamRow, ...]:
+    return tuple(row for row in ROWS if row.kind == kind)
 
 
 def stock_row() -> SeamRow:
     """The stock row whose module the loaded b12x has (the first row if none imports)."""
-    rows = stock_rows()
-    for row in rows:
-        if row.loaded() is not None:
-            return row
-    return rows[0]
-
-
-def stock_seam() -> Callable[..., Any] | None:
-    """The loaded b12x's stock eviction factory (tools and benches call it), or ``None``."""
-    return stock_row().loaded()
+    stock = rows("stock")
+    return next((row for row in stock if row.loaded() is not None), stock[0])
