@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
 
 WORD = 4
 """Bytes of one float32, the element both stock b12x and the plugin read."""
@@ -26,17 +22,6 @@ def stock_buffer_bytes(l2_cache_bytes: int) -> int:
     reclaimed figure stays a lower bound.
     """
     return -(-stock_window_bytes(l2_cache_bytes) // WORD) * WORD
-
-
-def device_l2_bytes(device: torch.device) -> int:
-    """The L2 size of a CUDA device, as stock b12x reads it."""
-    import torch
-
-    if device.type != "cuda":
-        raise ValueError(
-            f"{device} has no L2 size to read; the host must pass runtime.l2_cache_bytes"
-        )
-    return int(torch.cuda.get_device_properties(device).L2_cache_size)
 
 
 OUTPUT_ROWS = 8192

@@ -11,10 +11,8 @@ import gc
 import inspect
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Literal, Protocol
-
-import torch
 
 from ._b12x.patch import Patch
 from ._b12x.proof import CreditBasis
@@ -100,10 +98,6 @@ class Installation:
             read_bytes=self.read_bytes,
         )
 
-    def views(self) -> tuple[torch.Tensor, ...]:
-        """The 1-d float32 views the eviction reads (empty once restored)."""
-        return self._eviction.views()
-
     def unheld(self) -> str | None:
         """Why a storage read is held by nothing but the eviction (``None``: the host holds all).
 
@@ -127,8 +121,8 @@ class Installation:
             self.restore()
 
     @property
-    def eviction(self) -> Callable[[], None]:
-        """The callable the races run before each sample (for benches and tests)."""
+    def eviction(self) -> WeightEviction:
+        """What the races run before each sample (for benches and tests)."""
         return self._eviction
 
     @property
@@ -147,10 +141,9 @@ class Installation:
         ``current`` and :attr:`restored` are asked under the process lock, so
         ``startup_complete`` or ``restore()`` either came before (nothing offered)
         or waits for ``add_reclaimed`` to return (a ``restore()`` after it is
-        audited). The credit is recorded before the call (it may have been applied
-        from then on, so the installation stays); what the allocator raised is
-        recorded, then raised again.
-        ``add`` ``None``: a program keeps the report; the credit is recorded all the same.
+        audited). The credit is recorded before the call (it may apply from then
+        on); what the allocator raised is recorded, then raised again. ``add``
+        ``None``: a program keeps the report; the credit is recorded all the same.
         """
         try:
             with self._process.lock:
@@ -217,16 +210,7 @@ class Installation:
             unused_credit_bytes=min(unused, credited),
             allocator_error=self.allocator_error,
             counted=counted,
-            devices=tuple(
-                DeviceAudit(
-                    device=device,
-                    requested=c.requested,
-                    served_by_weights=c.served,
-                    stock_buffers=c.stock_buffers,
-                    stock_bytes=c.stock_bytes,
-                )
-                for device, c in sorted(counts.items())
-            ),
+            devices=tuple(DeviceAudit(device=d, **asdict(c)) for d, c in sorted(counts.items())),
             shortfall_bytes=min(made, credited),
             fallback_reason=fell_back,
         )

@@ -58,7 +58,7 @@ def test_restore_puts_stock_back_and_releases() -> None:
     installation = install(choice(), basis(prove_seam()))
     installation.restore()
     assert measurement._l2_flush_fn is STOCK
-    assert installation.views() == ()
+    assert installation.eviction.views() == ()
     assert active_installation() is None
     installation.restore()  # idempotent
     assert measurement._l2_flush_fn is STOCK

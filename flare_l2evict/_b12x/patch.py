@@ -28,8 +28,10 @@ class Locked(Protocol):
 
 @dataclass
 class Counts:
+    """What the races asked of the seam on one device: :class:`DeviceAudit`'s fields."""
+
     requested: int = 0
-    served: int = 0
+    served_by_weights: int = 0
     stock_buffers: int = 0
     stock_bytes: int = 0
 
@@ -143,7 +145,7 @@ class Patch:
                 return original(*args, **kwargs)
             if same_device(torch.device(device), target) and not eviction.released:
                 home.requested += 1
-                home.served += 1
+                home.served_by_weights += 1
                 self.handed()
                 return EvictionHandle(eviction, self.dropped)
             self.of(device).requested += 1

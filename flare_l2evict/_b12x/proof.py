@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._credit import device_l2_bytes, stock_buffer_bytes
+from .._credit import stock_buffer_bytes
 from .._errors import InstallError
-from .provider import provider_problem, versions
+from .provider import MIN_B12X, MIN_FLASHINFER, provider_problem, versions
 from .table import ROOTS, SeamRow, rows
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 MARK = "__flare_l2evict__"
 """Attribute set on the plugin's replacement of the seam (its ``__wrapped__`` is the original)."""
 
-FIX = "fix: pip install 'flashinfer-python>=0.7.2' (or b12x>=1.5)"
+FIX = f"fix: pip install 'flashinfer-python>={MIN_FLASHINFER}' (or b12x>={MIN_B12X})"
 
 Flush = Callable[[], None]
 SeamFunction = Callable[..., Flush | None]
@@ -45,7 +45,7 @@ class Binding:
 
 @dataclass(frozen=True)
 class SeamProof:
-    """What :func:`prove_seam` found; :func:`~.patch.inject` acts on it alone.
+    """What :func:`prove_seam` found; :class:`~.patch.Patch` acts on it alone.
 
     Invariant: every race code path of the loaded b12x that makes an eviction
     reaches one of ``seams``' ``_l2_flush_fn`` at call time, either through
@@ -69,8 +69,8 @@ class SeamProof:
 class StockBuffer:
     """What stock b12x allocates for one race job's eviction on a device.
 
-    ``measured``: read off the CUDA allocator around one call of the seam; else the
-    formula ``max(2 x L2, 64 MiB)`` in float32 words.
+    ``measured``: read off one call of the seam (:func:`allocated`); else the formula
+    ``max(2 x L2, 64 MiB)`` in float32 words.
     """
 
     nbytes: int
@@ -93,10 +93,7 @@ def fork_api() -> Callable[..., Any] | None:
     for row in rows("fork"):
         function = row.loaded()
         if function is not None:
-            checked: Callable[..., Any] = _check_signature(
-                row, importlib.import_module(row.module_path), function
-            )
-            return checked
+            return _check_signature(row, importlib.import_module(row.module_path), function)
     return None
 
 
@@ -142,14 +139,11 @@ def _shown_parameters(row: SeamRow) -> list[str]:
 
 def _resolve(root: str, module_tail: str, qualname: str) -> object | None:
     try:
-        module = importlib.import_module(f"{root}.{module_tail}")
+        target: object = importlib.import_module(f"{root}.{module_tail}")
     except ImportError:
         return None
-    target: object = module
     for part in qualname.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            return None
+        target = getattr(target, part, None)  # None from the first missing part on
     return target
 
 
@@ -184,9 +178,9 @@ def _bindings(
             value = unwrap(value)
             if id(value) in originals and not (id(module) in seams and name == row.function):
                 found.append(Binding(module, name, originals[id(value)]))
-            elif isinstance(value, type) and value.__module__ == module.__name__:
-                _refuse_hidden(row, value, originals, f"{module.__name__}.{name}")
-            elif isinstance(value, types.FunctionType):
+            elif isinstance(value, types.FunctionType) or (
+                isinstance(value, type) and value.__module__ == module.__name__
+            ):
                 _refuse_hidden(row, value, originals, f"{module.__name__}.{name}")
     return found
 
@@ -195,13 +189,11 @@ def _refuse_hidden(
     row: SeamRow, owner: object, originals: dict[int, SeamFunction], where: str
 ) -> None:
     """Refuse copies of the seam the plugin cannot redirect: class attributes, defaults."""
-    held: list[object] = []
     if isinstance(owner, type):
-        for attribute in vars(owner).values():
-            held.append(getattr(attribute, "__func__", attribute))
+        held = [getattr(attribute, "__func__", attribute) for attribute in vars(owner).values()]
     else:
-        held.extend(getattr(owner, "__defaults__", None) or ())
-        held.extend((getattr(owner, "__kwdefaults__", None) or {}).values())
+        held = list(getattr(owner, "__defaults__", None) or ())
+        held += (getattr(owner, "__kwdefaults__", None) or {}).values()
     if any(id(unwrap(item)) in originals for item in held):
         raise InstallError(
             f"{where} holds its own copy of {row.function}, which the plugin cannot redirect; "
@@ -281,13 +273,11 @@ def prove_seam() -> SeamProof:
     row = _import_row()
     seams: list[tuple[types.ModuleType, SeamFunction]] = []
     roots: list[str] = []
-    for module in _loaded_b12x():
-        root = row.root_of(module.__name__)
-        if root is not None:
+    for module in _loaded_b12x():  # each module once
+        if (root := row.root_of(module.__name__)) is not None:
             original = _check_signature(row, module, unwrap(getattr(module, row.function, None)))
-            if all(module is not m for m, _ in seams):
-                seams.append((module, original))
-                roots.append(root)
+            seams.append((module, original))
+            roots.append(root)
     for root in roots:
         _check_callers(row, root)
     modules = _loaded_b12x()  # the callers' modules are loaded now
@@ -359,6 +349,15 @@ class CreditBasis:
     race_jobs: int
     proof: SeamProof | None
     fork: Callable[..., Any] | None = None
+
+
+def device_l2_bytes(device: torch.device) -> int:
+    """The L2 size of a CUDA device, as stock b12x reads it."""
+    if device.type != "cuda":
+        raise ValueError(
+            f"{device} has no L2 size to read; the host must pass runtime.l2_cache_bytes"
+        )
+    return int(torch.cuda.get_device_properties(device).L2_cache_size)
 
 
 def measure_basis(

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._b12x.proof import StockBuffer
+from .._b12x.proof import CreditBasis, StockBuffer, device_l2_bytes, measure_basis
 from .._b12x.provider import MIN_TORCH, NEEDED, versions
 from .._b12x.table import FORK, rows
-from .._credit import Credit, credit, device_l2_bytes, stock_buffer_bytes
+from .._credit import Credit, credit, stock_buffer_bytes
 from .._errors import InstallError
 from .._settings import DISABLED, L2EvictSettings, load_deployment_config, settings_from_config
 from .._text import shown
@@ -32,7 +32,6 @@ from ._releases import judged
 if TYPE_CHECKING:
     import torch
 
-    from .._b12x.proof import CreditBasis
     from ._headers import TensorHeader
     from ._profiles import DeviceProfile
 
@@ -172,8 +171,6 @@ def _basis(
     settings: L2EvictSettings,
 ) -> tuple[CreditBasis, str | None]:
     """Start-up's basis on ``device``, and the seam's refusal (the formula buffer then)."""
-    from .._b12x.proof import CreditBasis, measure_basis
-
     l2_from_profile = device.type != "cuda"
     l2 = profile.l2_cache_bytes if l2_from_profile else device_l2_bytes(device)
     l2_source = f"profile {profile.name}" if l2_from_profile else "read from the device"
