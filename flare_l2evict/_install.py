@@ -112,10 +112,7 @@ class Installation:
         return not self.restored and agreed_bytes > 0 and current
 
     def settle(self) -> None:
-        """The start-up's exit: kept if and only if :meth:`offer` recorded its credit.
-
-        Idempotent, and the one place a start-up restores what it made.
-        """
+        """The start-up's exit (idempotent, its one restore): kept iff :meth:`offer` recorded."""
         self.offer_over()
         if self.offered_bytes == 0:
             self.restore()

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from flare_l2evict._b12x.table import stock_row
+from flare_l2evict.tools._origin import stock_row
 
 from ._child import child_env
 

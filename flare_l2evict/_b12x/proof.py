@@ -118,23 +118,14 @@ def _check_signature(row: SeamRow, module: types.ModuleType, original: object) -
     except (TypeError, ValueError):
         shape = []
     if tuple(shape) != row.signature:
-        expected = ", ".join(_shown_parameters(row))
+        shown = [inspect.Parameter(n, getattr(inspect.Parameter, k)) for n, k in row.signature]
         raise InstallError(
-            f"{module.__name__}.{row.function} has signature {shape!r}, not ({expected}) as "
+            f"{module.__name__}.{row.function} has signature {shape!r}, "
+            f"not {inspect.Signature(shown)} as "
             f"{row.name} has it: this b12x changed its race eviction; {FIX}, or pin "
             "flare-l2evict to a release that knows this b12x"
         )
     return original
-
-
-def _shown_parameters(row: SeamRow) -> list[str]:
-    """The row's parameters as Python writes them: ``device, *, enabled``."""
-    shown: list[str] = []
-    for name, kind in row.signature:
-        if kind == "KEYWORD_ONLY" and "*" not in shown:
-            shown.append("*")
-        shown.append(name)
-    return shown
 
 
 def _resolve(root: str, module_tail: str, qualname: str) -> object | None:

@@ -22,7 +22,8 @@ class SeamRow:
     ``kind`` ``"fork"``: a function handed the storage (``None`` undoes);
     ``"stock"``: the factory the races call, which the plugin replaces.
     ``callers`` must look the function up at call time (those in ``optional`` may
-    be absent). ``device`` and ``enabled`` name the parameters :meth:`call` passes.
+    be absent). ``device`` and ``enabled`` name the parameters :meth:`call` passes
+    (``enabled`` false: no eviction is made).
     """
 
     name: str
@@ -33,9 +34,7 @@ class SeamRow:
     callers: tuple[tuple[str, str], ...]
     optional: tuple[str, ...]
     device: str = "device"
-    """The calling convention: the parameter that names the device ..."""
     enabled: str = "enabled"
-    """... and the one that asks for an eviction (false: none is made)."""
 
     def call(self, function: Callable[..., Any], device: object, enabled: bool) -> Any:
         """``function`` called as this row's signature takes a device and the enabled flag."""
@@ -102,9 +101,3 @@ ROWS: tuple[SeamRow, ...] = (FORK, STOCK_1_5)
 
 def rows(kind: Literal["fork", "stock"]) -> tuple[SeamRow, ...]:
     return tuple(row for row in ROWS if row.kind == kind)
-
-
-def stock_row() -> SeamRow:
-    """The stock row whose module the loaded b12x has (the first row if none imports)."""
-    stock = rows("stock")
-    return next((row for row in stock if row.loaded() is not None), stock[0])

@@ -17,7 +17,6 @@ from typing import Any
 import pluggy
 import torch
 
-from ..._b12x.table import stock_row
 from ..._credit import EVICTION_OUTPUT_BYTES, stock_buffer_bytes
 from ..._errors import L2EvictError, PluginNotFoundError
 from ..._markers import ENTRY_POINT_GROUP, PROJECT_NAME
@@ -25,6 +24,7 @@ from ..._report import ReclaimReport, StartupAudit
 from ...hookspecs import FlareStartupSpec
 from .._inputs import refuse_unknown_plugins
 from .._kv import kv_tokens
+from .._origin import stock_row
 from .._profiles import DeviceProfile
 from ._checkpoint import load_checkpoint
 
