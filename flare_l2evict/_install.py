@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import gc
 import inspect
-import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Literal, Protocol
 
-from ._b12x.patch import Patch
+from ._b12x.patch import Locked, Patch
 from ._b12x.proof import CreditBasis
 from ._credit import WORD, Credit, credit
 from ._errors import RuntimeContractError
@@ -26,10 +25,8 @@ from ._weights import WeightChoice
 Mechanism = Literal["fork", "stock-seam"]
 
 
-class Holder(Protocol):
+class Holder(Locked, Protocol):
     """The process that holds an installation: its lock, and forgetting a restored one."""
-
-    lock: threading.RLock
 
     def release(self, installation: Installation) -> None: ...
 
@@ -58,7 +55,6 @@ class Installation:
 
     def __init__(
         self,
-        mechanism: Mechanism,
         eviction: WeightEviction,
         undo: list[Callable[[], None]],
         patch: Patch,
@@ -66,7 +62,6 @@ class Installation:
         process: Holder,
         words: Words,
     ) -> None:
-        self.mechanism: Mechanism = mechanism
         self.words = words
         self.undo_error: str | None = None
         """What an undo step raised when restoring (``None``: stock came back)."""
@@ -81,6 +76,7 @@ class Installation:
         self.window_bytes = eviction.window_bytes
         self.read_kernel = eviction.kernel
         self.basis: CreditBasis = patch.basis
+        self.mechanism: Mechanism = "fork" if self.basis.fork is not None else "stock-seam"
         self.sources = sources
         """What the eviction reads, per region, for the report."""
         self._eviction = eviction
@@ -195,9 +191,7 @@ class Installation:
                 "stood; the races after it allocated stock buffers"
             )
         counted = self.mechanism != "fork"
-        unused = 0
-        if counted and credited and peak < jobs:
-            unused = (jobs - peak) * self.basis.stock.nbytes
+        unused = max(0, jobs - peak) * self.basis.stock.nbytes if counted else 0
         return StartupAudit(
             mechanism=self.mechanism,
             device=key,
@@ -274,8 +268,7 @@ def make_installation(
         for s in choice.regions
     )
     undo: list[Callable[[], None]] = []
-    mechanism: Mechanism = "fork" if basis.fork is not None else "stock-seam"
-    made = Installation(mechanism, eviction, undo, patch, sources, process, words)
+    made = Installation(eviction, undo, patch, sources, process, words)
     return made, patch.step(eviction, undo)
 
 

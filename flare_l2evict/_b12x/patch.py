@@ -47,8 +47,10 @@ def _device_key(device: object) -> str:
 
 
 class Patch:
-    """One installation's patch on its basis: what the races asked of it, per device, and
-    the evictions it handed out that b12x has not dropped yet (``alive``; ``peak``: the most).
+    """One installation's patch on its basis, and what the races asked of it.
+
+    ``counts`` per device; ``alive``: evictions handed out that b12x has not dropped
+    yet (``peak``: the most at once).
     """
 
     def __init__(self, basis: CreditBasis, process: Locked) -> None:

@@ -31,8 +31,8 @@ class SeamRow:
     module: str
     function: str
     signature: tuple[tuple[str, str], ...]
-    callers: tuple[tuple[str, str], ...]
-    optional: tuple[str, ...]
+    callers: tuple[tuple[str, str], ...] = ()
+    optional: tuple[str, ...] = ()
     device: str = "device"
     enabled: str = "enabled"
 
@@ -76,8 +76,6 @@ FORK = SeamRow(
     module="comm.pcie",
     function="use_startup_eviction",
     signature=(("storage", "POSITIONAL_OR_KEYWORD"),),
-    callers=(),
-    optional=(),
 )
 """The fork's API: it takes the resident storage whose reads replace the buffer."""
 
