@@ -11,23 +11,25 @@ every rank raises), except ``enabled = false``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from ._agree import Agreement, RankOutcome, agree, settings_digest
-from ._b12x.proof import measure_basis
+from ._b12x.proof import CreditBasis, measure_basis
 from ._credit import Credit
 from ._decision import choose_regions
-from ._errors import L2EvictError
+from ._errors import L2EvictError, reason_of
 from ._install import Installation
 from ._lifecycle import PROCESS, Startup
 from ._log import say
-from ._outcome import DISABLED, NO_REPORT, Clock, Local, reason_of, report_of
 from ._report import ReclaimReport, Words
 from ._runtime import Placement
-from ._settings import L2EvictSettings
+from ._settings import DISABLED, L2EvictSettings
 from ._weights import storages_of, weight_choice
 
 log = logging.getLogger("flare_l2evict")
@@ -47,6 +49,46 @@ class Request:
     tensors: Callable[[], Mapping[str, torch.Tensor]]
     add: Callable[[ReclaimReport], object] | None
     words: Words
+
+
+class Clock:
+    """Wall time per step of the hook, for the report (``ReclaimReport.seconds``)."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
+
+    def total(self) -> dict[str, float]:
+        return {**self.seconds, "total": time.perf_counter() - self.started}
+
+
+@dataclass
+class Local:
+    """What this rank brings to the agreement: its settings, basis and credit.
+
+    ``settings`` ``None``: they could not be read; ``raising``: the deployment asked
+    for ``on_error = "raise"`` (read even from an invalid section); ``error``: the
+    fault that made the credit 0.
+    """
+
+    settings: L2EvictSettings | None = None
+    raising: bool = False
+    basis: CreditBasis | None = None
+    credit: Credit = field(default_factory=lambda: Credit(0, "not started"))
+    error: Exception | None = None
+
+
+NO_REPORT = ReclaimReport(
+    device="unknown", reclaimed_bytes=0, mechanism="none", reason="the hook did not finish"
+)
 
 
 def guarded(
@@ -202,3 +244,40 @@ def _agree(where: Placement, local: Credit, settings: L2EvictSettings | None) ->
         )
     except Exception as caught:
         return Agreement(0, {}, f"tensor-parallel agreement failed ({reason_of(caught)})")
+
+
+def report_of(
+    where: Placement,
+    local: Local,
+    agreed: Agreement,
+    installation: Installation | None,
+    seconds: dict[str, float],
+) -> ReclaimReport:
+    basis = local.basis
+    figures: dict[str, Any] = {} if basis is None else {
+        "window_bytes": basis.window_bytes,
+        "stock_buffer_bytes": basis.stock.nbytes,
+        "race_jobs": basis.race_jobs,
+    }  # fmt: skip
+    source: dict[str, Any] = {}
+    if installation is not None:
+        source = {
+            "source_tensor": installation.source_name,
+            "source_storage_bytes": sum(read.storage_bytes for read in installation.sources),
+            "sources": installation.sources,
+            "read_kernel": installation.read_kernel,
+        }
+    credited = agreed.reclaimed_bytes if installation is not None else 0
+    return ReclaimReport(
+        device=where.device,
+        rank=where.rank,
+        world_size=where.world_size,
+        reclaimed_bytes=credited,
+        local_reclaimed_bytes=local.credit.nbytes,
+        mechanism=installation.mechanism if installation is not None else "none",
+        reason=agreed.reason or (None if credited else local.credit.reason),
+        fallback_ranks=agreed.fallback_ranks,
+        seconds={name: round(value, 6) for name, value in seconds.items()},
+        **figures,
+        **source,
+    )

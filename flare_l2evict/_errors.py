@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ._text import described, shown
+
 
 class L2EvictError(Exception):
     """Base of every error this package raises on purpose.
@@ -33,3 +35,10 @@ class WeightsError(L2EvictError):
 
 class RuntimeContractError(L2EvictError):
     """The host's ``runtime`` lacks an attribute of the contract, or holds one out of range."""
+
+
+def reason_of(error: BaseException) -> str:
+    """One line: our own errors as they are, anything else with its type; never raises."""
+    if issubclass(type(error), L2EvictError):
+        return shown(" ".join(str(error).split()), 500)
+    return described(error, 500)

@@ -17,10 +17,10 @@ import torch
 from pydantic import ValidationError
 
 from . import _core, _startup
-from ._errors import L2EvictError
+from ._core import Clock, Local
+from ._errors import L2EvictError, reason_of
 from ._lifecycle import PROCESS, Startup, ensure_ended
 from ._log import say
-from ._outcome import Clock, Local, reason_of
 from ._report import PROGRAM, ReclaimReport
 from ._runtime import MAX_L2_BYTES, MAX_RACE_JOBS, Placement, _device, whole_number
 from ._settings import ALLOWED, L2EvictSettings

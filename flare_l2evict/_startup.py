@@ -14,11 +14,11 @@ from collections.abc import Mapping
 
 from . import _core
 from ._allocator import refuse_async
+from ._core import Clock, Local
 from ._credit import Credit
-from ._errors import L2EvictError, RuntimeContractError
+from ._errors import L2EvictError, RuntimeContractError, reason_of
 from ._lifecycle import PROCESS, Startup, ensure_ended
 from ._log import say
-from ._outcome import Clock, Local, nothing, reason_of
 from ._report import HOST, ReclaimReport, StartupAudit
 from ._runtime import Snapshot, placement, read_runtime, read_tensors, snapshot as read_snapshot
 from ._settings import read_section, settings_from_section, wants_raise
@@ -76,6 +76,21 @@ def _read_settings(seen: Snapshot, local: Local) -> None:
         local.raising = wants_raise(section)
         local.settings = settings_from_section(section)
         local.raising = local.settings.on_error == "raise"
+
+
+def nothing(runtime: object, reason: str) -> ReclaimReport:
+    """A report of 0 bytes for a call that changed nothing, logged as one WARNING line."""
+    where = placement(read_snapshot(runtime))
+    report = ReclaimReport(
+        device=where.device,
+        rank=where.rank,
+        world_size=where.world_size,
+        reclaimed_bytes=0,
+        mechanism="none",
+        reason=reason,
+    )
+    say(log, logging.WARNING, "flare_l2evict: this call changed nothing; %s", report.summary())
+    return report
 
 
 def _refused(runtime: object, busy: Startup) -> ReclaimReport:
