@@ -251,8 +251,7 @@ def make_installation(
 ) -> tuple[Installation, Callable[[], None]]:
     """Make b12x's race jobs on ``choice.device`` read the chosen weights, on a measured basis.
 
-    Returns the installation, which changes nothing yet, and the step that does;
-    each change's undo is registered before it is made.
+    Returns the installation, which changes nothing yet, and the step that does.
     """
     patch = Patch(basis, process)
     eviction = WeightEviction(

@@ -359,8 +359,7 @@ def measure_basis(
 ) -> CreditBasis:
     """L2, window and stock's real per-job buffer on ``device``.
 
-    Raises :class:`~flare_l2evict.InstallError` when b12x fails the proof and the
-    fork's API is absent.
+    Raises :class:`InstallError` when b12x fails the proof and has no fork API.
     """
     l2 = device_l2_bytes(device) if l2_cache_bytes is None else l2_cache_bytes
     window = settings.window_bytes(l2)
