@@ -73,7 +73,6 @@ class Installation:
         self.device = eviction.device
         self.source_name = eviction.source_name
         self.read_bytes = eviction.read_bytes
-        self.window_bytes = eviction.window_bytes
         self.read_kernel = eviction.kernel
         self.basis: CreditBasis = patch.basis
         self.mechanism: Mechanism = "fork" if self.basis.fork is not None else "stock-seam"
@@ -108,7 +107,10 @@ class Installation:
         return not self.restored and agreed_bytes > 0 and current
 
     def settle(self) -> None:
-        """The start-up's exit (idempotent, its one restore): kept iff :meth:`offer` recorded."""
+        """The start-up's exit: kept if and only if :meth:`offer` recorded its credit.
+
+        Idempotent, and the one place a start-up restores what it made.
+        """
         self.offer_over()
         if self.offered_bytes == 0:
             self.restore()
