@@ -16,9 +16,9 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.bench import Probe, compare, time_call
-from flare_l2evict._b12x.table import stock_row
 from flare_l2evict._eviction import WeightEviction
 from flare_l2evict.tools._choose_weights import choose_weights
+from flare_l2evict.tools._origin import stock_row
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ._agree import Agreement, RankOutcome, agree, settings_digest
-from ._basis import CreditBasis, measure_basis
+from ._b12x.proof import CreditBasis, measure_basis
 from ._credit import Credit
 from ._decision import choose_regions
 from ._errors import L2EvictError, reason_of

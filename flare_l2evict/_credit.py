@@ -1,10 +1,28 @@
-"""The KV credit: the one place the figure handed to the KV allocator is computed (torch-free)."""
+"""The KV credit, computed here alone, and the byte figures it rests on (torch-free)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._window import WORD
+WORD = 4
+"""Bytes of one float32, the element both stock b12x and the plugin read."""
+
+_FLOOR_BYTES = 64 << 20
+
+
+def stock_window_bytes(l2_cache_bytes: int) -> int:
+    """``max(2 x L2, 64 MiB)``: the bytes stock b12x's eviction is asked to read per sample."""
+    return max(2 * int(l2_cache_bytes), _FLOOR_BYTES)
+
+
+def stock_buffer_bytes(l2_cache_bytes: int) -> int:
+    """Bytes of the float32 buffer stock b12x allocates, and reads, per race job.
+
+    Its 0-d output is left out on purpose (the plugin allocates one too), so the
+    reclaimed figure stays a lower bound.
+    """
+    return -(-stock_window_bytes(l2_cache_bytes) // WORD) * WORD
+
 
 OUTPUT_ROWS = 8192
 """Partial sums the eviction reduces into: enough rows that torch needs no temporary."""

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from itertools import compress, groupby, islice
 from typing import Protocol, TypeVar
 
+from ._credit import WORD
 from ._text import shown
-from ._window import WORD
 
 SKIP_REASONS = (
     "other device",

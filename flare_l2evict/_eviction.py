@@ -12,13 +12,12 @@ from typing import Any, Literal
 
 import torch
 
-from ._credit import OUTPUT_ROWS
+from ._credit import OUTPUT_ROWS, WORD
 from ._errors import WeightsError
 from ._log import say
 from ._read_kernel import triton_reads
 from ._text import shown
 from ._weights import WeightChoice, WeightPiece
-from ._window import WORD
 
 log = logging.getLogger("flare_l2evict.eviction")
 

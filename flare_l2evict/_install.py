@@ -9,30 +9,24 @@ from __future__ import annotations
 
 import gc
 import inspect
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Literal, Protocol
 
-import torch
-
-from ._b12x.patch import Alive, Counts, inject, stock_fallback
-from ._basis import CreditBasis
-from ._credit import Credit, credit
+from ._b12x.patch import Locked, Patch
+from ._b12x.proof import CreditBasis
+from ._credit import WORD, Credit, credit
 from ._errors import RuntimeContractError
 from ._eviction import Kernel, WeightEviction
 from ._report import DeviceAudit, ReclaimReport, RegionRead, StartupAudit, Words
 from ._text import described, shown
 from ._weights import WeightChoice
-from ._window import WORD
 
 Mechanism = Literal["fork", "stock-seam"]
 
 
-class Holder(Protocol):
+class Holder(Locked, Protocol):
     """The process that holds an installation: its lock, and forgetting a restored one."""
-
-    lock: threading.RLock
 
     def release(self, installation: Installation) -> None: ...
 
@@ -40,8 +34,6 @@ class Holder(Protocol):
 @dataclass(frozen=True)
 class _Offer:
     nbytes: int
-    race_jobs: int
-    stock_buffer_bytes: int
     allocator_error: str | None
 
 
@@ -63,17 +55,13 @@ class Installation:
 
     def __init__(
         self,
-        mechanism: Mechanism,
         eviction: WeightEviction,
         undo: list[Callable[[], None]],
-        counts: dict[str, Counts],
-        alive: Alive,
-        basis: CreditBasis,
+        patch: Patch,
         sources: tuple[RegionRead, ...],
         process: Holder,
         words: Words,
     ) -> None:
-        self.mechanism: Mechanism = mechanism
         self.words = words
         self.undo_error: str | None = None
         """What an undo step raised when restoring (``None``: stock came back)."""
@@ -85,30 +73,25 @@ class Installation:
         self.device = eviction.device
         self.source_name = eviction.source_name
         self.read_bytes = eviction.read_bytes
-        self.window_bytes = eviction.window_bytes
         self.read_kernel = eviction.kernel
-        self.basis = basis
+        self.basis: CreditBasis = patch.basis
+        self.mechanism: Mechanism = "fork" if self.basis.fork is not None else "stock-seam"
         self.sources = sources
         """What the eviction reads, per region, for the report."""
         self._eviction = eviction
         self._undo = undo
-        self._counts = counts
-        self._alive = alive
+        self._patch = patch
         self._offer: _Offer | None = None
         self._offering = False
         self._ended = False
         self.restored = False
         self.credit: Credit = credit(
             installable=True,
-            race_jobs=basis.race_jobs,
-            stock_buffer_bytes=basis.stock.nbytes,
-            window_bytes=basis.window_bytes // WORD * WORD,
+            race_jobs=self.basis.race_jobs,
+            stock_buffer_bytes=self.basis.stock.nbytes,
+            window_bytes=self.basis.window_bytes // WORD * WORD,
             read_bytes=self.read_bytes,
         )
-
-    def views(self) -> tuple[torch.Tensor, ...]:
-        """The 1-d float32 views the eviction reads (empty once restored)."""
-        return self._eviction.views()
 
     def unheld(self) -> str | None:
         """Why a storage read is held by nothing but the eviction (``None``: the host holds all).
@@ -133,8 +116,8 @@ class Installation:
             self.restore()
 
     @property
-    def eviction(self) -> Callable[[], None]:
-        """The callable the races run before each sample (for benches and tests)."""
+    def eviction(self) -> WeightEviction:
+        """What the races run before each sample (for benches and tests)."""
         return self._eviction
 
     @property
@@ -153,10 +136,9 @@ class Installation:
         ``current`` and :attr:`restored` are asked under the process lock, so
         ``startup_complete`` or ``restore()`` either came before (nothing offered)
         or waits for ``add_reclaimed`` to return (a ``restore()`` after it is
-        audited). The credit is recorded before the call (it may have been applied
-        from then on, so the installation stays); what the allocator raised is
-        recorded, then raised again.
-        ``add`` ``None``: a program keeps the report; the credit is recorded all the same.
+        audited). The credit is recorded before the call (it may apply from then
+        on); what the allocator raised is recorded, then raised again. ``add``
+        ``None``: a program keeps the report; the credit is recorded all the same.
         """
         try:
             with self._process.lock:
@@ -164,9 +146,7 @@ class Installation:
                 # b12x back: a credit recorded now would stand with nothing backing it.
                 if self.restored or not current():
                     return False
-                self._offer = _Offer(
-                    report.reclaimed_bytes, self.basis.race_jobs, self.basis.stock.nbytes, None
-                )
+                self._offer = _Offer(report.reclaimed_bytes, None)
                 self._offering = True
             if add is not None:
                 _check_returned(add(report))
@@ -201,41 +181,30 @@ class Installation:
 
     def audit(self) -> StartupAudit:
         """What b12x asked of the seam so far, per device, and the credit it cost."""
-        key = str(self.device)
-        devices = tuple(
-            DeviceAudit(
-                device=device,
-                requested=c.requested,
-                served_by_weights=c.served,
-                stock_buffers=c.stock_buffers,
-                stock_bytes=c.stock_bytes,
-            )
-            for device, c in sorted(self._counts.items())
-        )
-        offer = self._offer or _Offer(0, 0, 0, None)
-        made = self._counts[key].stock_bytes if key in self._counts else 0
+        key, counts, peak = str(self.device), self._patch.counts, self._patch.peak
+        credited = self.offered_bytes
+        jobs = 0 if self._offer is None else self.basis.race_jobs
+        made = counts[key].stock_bytes if key in counts else 0
         fell_back = self._eviction.fell_back_reason
-        if self._cut_short and offer.nbytes:  # races after restore() made unseen stock buffers
-            made = offer.nbytes
+        if self._cut_short and credited:  # races after restore() made unseen stock buffers
+            made = credited
             fell_back = (
                 f"flare_l2evict.restore() ran before {self.words.ends}, while the credit "
                 "stood; the races after it allocated stock buffers"
             )
         counted = self.mechanism != "fork"
-        unused = 0
-        if counted and offer.nbytes and self._alive.peak < offer.race_jobs:
-            unused = (offer.race_jobs - self._alive.peak) * offer.stock_buffer_bytes
+        unused = max(0, jobs - peak) * self.basis.stock.nbytes if counted else 0
         return StartupAudit(
             mechanism=self.mechanism,
             device=key,
-            credited_bytes=offer.nbytes,
-            race_jobs=offer.race_jobs,
-            peak_alive=self._alive.peak if counted else None,
-            unused_credit_bytes=min(unused, offer.nbytes),
-            allocator_error=offer.allocator_error,
+            credited_bytes=credited,
+            race_jobs=jobs,
+            peak_alive=peak if counted else None,
+            unused_credit_bytes=min(unused, credited),
+            allocator_error=self.allocator_error,
             counted=counted,
-            devices=devices,
-            shortfall_bytes=min(made, offer.nbytes),
+            devices=tuple(DeviceAudit(device=d, **asdict(c)) for d, c in sorted(counts.items())),
+            shortfall_bytes=min(made, credited),
             fallback_reason=fell_back,
         )
 
@@ -284,14 +253,12 @@ def make_installation(
 ) -> tuple[Installation, Callable[[], None]]:
     """Make b12x's race jobs on ``choice.device`` read the chosen weights, on a measured basis.
 
-    Returns the installation, which changes nothing yet, and the step that does;
-    each change's undo is registered before it is made.
+    Returns the installation, which changes nothing yet, and the step that does.
     """
-    counts: dict[str, Counts] = {}
-    alive = Alive(process)
+    patch = Patch(basis, process)
     eviction = WeightEviction(
         choice,  # the fallback must not hold the choice: it holds the weights
-        fallback=stock_fallback(basis, counts, choice.device),
+        fallback=patch.fallback(choice.device),
         kernel=kernel,
         until=words.ends,
     )
@@ -302,9 +269,8 @@ def make_installation(
         for s in choice.regions
     )
     undo: list[Callable[[], None]] = []
-    mechanism: Mechanism = "fork" if basis.fork is not None else "stock-seam"
-    made = Installation(mechanism, eviction, undo, counts, alive, basis, sources, process, words)
-    return made, inject(basis, eviction, counts, alive, undo)
+    made = Installation(eviction, undo, patch, sources, process, words)
+    return made, patch.step(eviction, undo)
 
 
 def _check_returned(returned: object) -> None:

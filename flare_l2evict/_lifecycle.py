@@ -26,7 +26,7 @@ from ._install import Installation, make_installation
 from ._text import shown
 
 if TYPE_CHECKING:
-    from ._basis import CreditBasis
+    from ._b12x.proof import CreditBasis
     from ._eviction import Kernel
     from ._report import ReclaimReport, Words
     from ._weights import WeightChoice

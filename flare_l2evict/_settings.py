@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_validator
 
+from ._credit import stock_buffer_bytes
 from ._errors import ConfigError
 from ._text import literal, shown
-from ._window import stock_buffer_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -13,9 +13,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from support.figures import MiB
 
 from flare_l2evict import plugin
-from flare_l2evict._credit import credit
+from flare_l2evict._credit import credit, stock_buffer_bytes
 from flare_l2evict._lifecycle import active_installation
-from flare_l2evict._window import stock_buffer_bytes
 from flare_l2evict.tools.reference_host import ReferenceKVAllocator, plugin_manager
 
 pytest.importorskip("b12x.preparation._measurement")

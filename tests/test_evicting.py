@@ -28,9 +28,9 @@ from support.sums import checksum
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, plugin
-from flare_l2evict._b12x.table import stock_row
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._lifecycle import active_installation
+from flare_l2evict.tools._origin import stock_row
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
     ReferenceRuntime,

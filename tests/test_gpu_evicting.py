@@ -17,8 +17,8 @@ from support.figures import MiB
 
 import flare_l2evict
 from flare_l2evict import plugin
-from flare_l2evict._b12x.table import stock_row
 from flare_l2evict._eviction import EvictionHandle
+from flare_l2evict.tools._origin import stock_row
 from flare_l2evict.tools.reference_host import RaceResult
 
 pytestmark = pytest.mark.gpu

@@ -46,7 +46,7 @@ from support.sums import checksum, read_bytes
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, ReclaimReport, plugin
-from flare_l2evict._basis import measure_basis
+from flare_l2evict._b12x.proof import measure_basis
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._lifecycle import active_installation, install
 from flare_l2evict._settings import L2EvictSettings

@@ -20,8 +20,8 @@ import torch
 from support.figures import MiB
 
 from flare_l2evict import plugin
-from flare_l2evict._b12x.table import stock_row
 from flare_l2evict._lifecycle import active_installation
+from flare_l2evict.tools._origin import stock_row
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
     ReferenceRuntime,

@@ -11,8 +11,7 @@ import pytest
 import torch
 from support.figures import MiB
 
-from flare_l2evict._b12x.proof import SeamProof, StockBuffer, prove_seam
-from flare_l2evict._basis import CreditBasis
+from flare_l2evict._b12x.proof import CreditBasis, SeamProof, StockBuffer, prove_seam
 from flare_l2evict._errors import InstallError
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._lifecycle import active_installation, install
@@ -59,7 +58,7 @@ def test_restore_puts_stock_back_and_releases() -> None:
     installation = install(choice(), basis(prove_seam()))
     installation.restore()
     assert measurement._l2_flush_fn is STOCK
-    assert installation.views() == ()
+    assert installation.eviction.views() == ()
     assert active_installation() is None
     installation.restore()  # idempotent
     assert measurement._l2_flush_fn is STOCK
@@ -121,7 +120,7 @@ def test_a_fork_api_of_another_shape_is_refused_before_anything_is_handed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Issue 27: the fork row's signature is checked too, as the stock row's is.
-    from flare_l2evict._basis import measure_basis
+    from flare_l2evict._b12x.proof import measure_basis
     from flare_l2evict._errors import InstallError
     from flare_l2evict._settings import L2EvictSettings
 

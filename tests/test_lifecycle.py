@@ -326,7 +326,7 @@ _TRACED = {
         _lifecycle.Process,
         _lifecycle.Startup,
         _install.Installation,
-        patch.Alive,
+        patch.Patch,
         _eviction.WeightEviction,
     )
     for method in vars(owner).values()

@@ -188,7 +188,6 @@ def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
             ("preparation.session", "PreparationJob._measure"),
         ),
         optional=(),
-        buffer_bytes=_seam_table.STOCK_1_5.buffer_bytes,
     )
     monkeypatch.setattr(_seam_table, "ROWS", (*_seam_table.ROWS, moved))  # the one change
     cold: Any = importlib.import_module("b12x.preparation._cold")
@@ -223,7 +222,6 @@ def test_a_release_whose_seam_changed_its_signature_is_supported_by_adding_one_r
             ("preparation.session", "PreparationJob._measure"),
         ),
         optional=(),
-        buffer_bytes=_seam_table.STOCK_1_5.buffer_bytes,
     )
     monkeypatch.setattr(_seam_table, "ROWS", (*_seam_table.ROWS, changed))  # the one change
     cold: Any = importlib.import_module("b12x.preparation._cold")

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import torch
 
-from flare_l2evict._b12x.table import stock_row
 from flare_l2evict.tools import _persisting_l2, _releases
 from flare_l2evict.tools._cli import main
+from flare_l2evict.tools._origin import stock_row
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,12 +40,12 @@ from support.sums import total_bytes
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flare_l2evict import WeightsError
-from flare_l2evict._b12x.table import stock_row
 from flare_l2evict._decision import choose_regions
 from flare_l2evict._lifecycle import active_installation
 from flare_l2evict._text import described_value
 from flare_l2evict._weights import storages_of, weight_choice
 from flare_l2evict.tools._choose_weights import choose_weights
+from flare_l2evict.tools._origin import stock_row
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
     ReferenceRuntime,

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from flare_l2evict._b12x.table import stock_seam
+from flare_l2evict.tools._origin import stock_row
 
 from ._child import child_env
 
@@ -171,7 +171,7 @@ def stock_at(nbytes: int, device: torch.device) -> Callable[[], None]:
 
 def _stock_default(device: torch.device, window: int) -> Callable[[], None]:
     """b12x's own ``_l2_flush_fn`` where b12x imports; its code at ``window`` otherwise."""
-    seam = stock_seam()
+    seam = stock_row().loaded()
     if seam is None:
         return stock_at(window, device)
     flush: Callable[[], None] = seam(device, enabled=True)
@@ -254,7 +254,7 @@ def conditions(
 
 
 def _setup(device: torch.device) -> tuple[int, int, torch.Tensor]:
-    from flare_l2evict._window import stock_window_bytes
+    from flare_l2evict._credit import stock_window_bytes
 
     l2 = int(torch.cuda.get_device_properties(device).L2_cache_size)
     window = stock_window_bytes(l2)

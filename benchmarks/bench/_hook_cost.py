@@ -243,8 +243,8 @@ torch.cuda.synchronize(device)
 figures["second_launch"] = time.perf_counter() - t
 t = time.perf_counter()
 import importlib
-from flare_l2evict._b12x.table import stock_rows
-importlib.import_module(stock_rows()[0].module_path)
+from flare_l2evict._b12x.table import rows
+importlib.import_module(rows("stock")[0].module_path)
 figures["import_b12x_measurement"] = time.perf_counter() - t
 print(json.dumps(figures))
 """

@@ -21,14 +21,14 @@ from typing import Any
 
 import torch
 
-from flare_l2evict._b12x.table import stock_row
-from flare_l2evict._basis import measure_basis
+from flare_l2evict._b12x.proof import measure_basis
+from flare_l2evict._credit import stock_window_bytes
 from flare_l2evict._eviction import Kernel, WeightEviction
 from flare_l2evict._lifecycle import install, restore
 from flare_l2evict._settings import L2EvictSettings
 from flare_l2evict._weights import WeightChoice
-from flare_l2evict._window import stock_window_bytes
 from flare_l2evict.tools._choose_weights import choose_weights
+from flare_l2evict.tools._origin import stock_row
 
 from . import _coldness
 from ._hook_cost import first_call_times, hook_lines, hook_times, triton_lines, triton_start_times

@@ -1,7 +1,7 @@
 """The b12x wing: everything in the runtime that names b12x, and nothing else does.
 
 :mod:`.table` (the seam as data), :mod:`.proof` (the loaded b12x matches a row;
-stock's measured buffer), :mod:`.provider` (which b12x and torch are here) and
-:mod:`.patch` (the patch and its undo). ``tests/test_house.py`` fails if
-another runtime module imports b12x or spells its names.
+stock's measured buffer: the credit's basis), :mod:`.provider` (which b12x and
+torch are here) and :mod:`.patch` (the patch and its undo). ``tests/test_house.py``
+fails if another runtime module imports b12x or spells its names.
 """

@@ -10,18 +10,14 @@ import inspect
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from .._errors import InstallError
 from .._eviction import EvictionHandle, WeightEviction
 from .._weights import same_device
-from .proof import MARK, Flush, SeamFunction, SeamProof, StockBuffer, held_bytes
-from .table import SeamRow
-
-if TYPE_CHECKING:
-    from .._basis import CreditBasis
+from .proof import MARK, CreditBasis, Flush, SeamFunction, SeamProof, allocated
 
 
 class Locked(Protocol):
@@ -32,29 +28,12 @@ class Locked(Protocol):
 
 @dataclass
 class Counts:
+    """What the races asked of the seam on one device: :class:`DeviceAudit`'s fields."""
+
     requested: int = 0
-    served: int = 0
+    served_by_weights: int = 0
     stock_buffers: int = 0
     stock_bytes: int = 0
-
-
-class Alive:
-    """Evictions the seam handed out that b12x has not dropped yet, and the most at once."""
-
-    def __init__(self, process: Locked) -> None:
-        self.now = 0
-        self.peak = 0
-        self._process = process
-
-    # Handles die on whatever thread drops them: the process lock (fork-safe) orders them.
-    def handed(self) -> None:
-        with self._process.lock:
-            self.now += 1
-            self.peak = max(self.peak, self.now)
-
-    def dropped(self) -> None:
-        with self._process.lock:
-            self.now -= 1
 
 
 def _device_key(device: object) -> str:
@@ -67,129 +46,116 @@ def _device_key(device: object) -> str:
     return str(found)
 
 
-def counted_stock(
-    proof: SeamProof, counts: dict[str, Counts], stock: StockBuffer
-) -> Callable[[object, bool], Flush | None]:
-    """Stock's eviction for ``device``, counted as a stock buffer with the bytes it took.
+class Patch:
+    """One installation's patch on its basis, and what the races asked of it.
 
-    Off CUDA, an original that cannot make a buffer raises as stock would, unless
-    ``fallback`` (the weights went away): then what a GPU would allocate is counted.
+    ``counts`` per device; ``alive``: evictions handed out that b12x has not dropped
+    yet (``peak``: the most at once).
     """
 
-    def make(device: object, fallback: bool) -> Flush | None:
+    def __init__(self, basis: CreditBasis, process: Locked) -> None:
+        self.basis = basis
+        self.counts: dict[str, Counts] = {}
+        self.alive = 0
+        self.peak = 0
+        self._process = process
+
+    def of(self, device: object) -> Counts:
+        return self.counts.setdefault(_device_key(device), Counts())
+
+    # Handles die on whatever thread drops them: the process lock (fork-safe) orders them.
+    def handed(self) -> None:
+        with self._process.lock:
+            self.alive += 1
+            self.peak = max(self.peak, self.alive)
+
+    def dropped(self) -> None:
+        with self._process.lock:
+            self.alive -= 1
+
+    def stock(self, proof: SeamProof, device: object, fallback: bool) -> Flush | None:
+        """Stock's eviction for ``device``, counted as a stock buffer with the bytes it took.
+
+        Off CUDA, an original that cannot make a buffer raises as stock would, unless
+        ``fallback`` (the weights went away): then what a GPU would allocate is counted.
+        """
         target = torch.device(device)  # type: ignore[call-overload]
-        if target.type == "cuda":
-            before = torch.cuda.memory_allocated(target)
-            made = proof.row.call(proof.original, target, True)
-            grown = torch.cuda.memory_allocated(target) - before
-        else:
-            try:
-                made = proof.row.call(proof.original, target, True)
-            except Exception:
-                if not fallback:
-                    raise
-                made = None
-            grown = stock.nbytes if made is None else held_bytes(made)
-        entry = counts.setdefault(_device_key(device), Counts())
+        try:
+            made, grown = allocated(proof, target)
+        except Exception:
+            if not fallback or target.type == "cuda":
+                raise
+            made, grown = None, 0
+        if made is None and target.type != "cuda":
+            grown = self.basis.stock.nbytes
+        entry = self.of(device)
         entry.stock_buffers += 1
-        entry.stock_bytes += max(0, grown)
-        found: Flush | None = made
-        return found
+        entry.stock_bytes += grown
+        return made
 
-    return make
+    def fallback(self, device: torch.device) -> Callable[[], Flush | None] | None:
+        """Stock's eviction for ``device`` once the weights went away (``None``: the fork's)."""
+        proof = self.basis.proof
+        return None if proof is None else lambda: self.stock(proof, device, True)
 
+    def step(self, eviction: WeightEviction, undo: list[Callable[[], None]]) -> Callable[[], None]:
+        """The step that patches b12x for ``eviction``; each undo lands in ``undo`` before it.
 
-def inject(
-    basis: CreditBasis,
-    eviction: WeightEviction,
-    counts: dict[str, Counts],
-    alive: Alive,
-    undo: list[Callable[[], None]],
-) -> Callable[[], None]:
-    """The step that patches b12x for ``eviction``; each undo lands in ``undo`` before its change.
+        Fork-or-stock was asked once, by the basis (``basis.fork`` or ``basis.proof``).
+        """
+        fork, proof = self.basis.fork, self.basis.proof
+        if fork is not None:
+            views = eviction.views()
+            handed = views[0] if len(views) == 1 else views
 
-    Fork-or-stock was asked once, by the basis (``basis.fork`` or ``basis.proof``).
-    """
-    fork, proof = basis.fork, basis.proof
-    if fork is not None:
-        views = eviction.views()
-        handed = views[0] if len(views) == 1 else views
+            def hand() -> None:
+                undo.append(lambda: fork(None))  # first: an undo of nothing handed is harmless
+                fork(handed)
 
-        def hand() -> None:
-            undo.append(lambda: fork(None))  # first: an undo of nothing handed is harmless
-            fork(handed)
+            return hand
+        if proof is None:
+            raise InstallError(
+                "a basis with neither the fork's API nor a proven seam; stock b12x kept"
+            )
+        return lambda: self._redirect(proof, eviction, undo)
 
-        return hand
-    if proof is None:
-        raise InstallError("a basis with neither the fork's API nor a proven seam; stock b12x kept")
-    make_stock = counted_stock(proof, counts, basis.stock)
-    return lambda: _redirect(proof, eviction, counts, alive, make_stock, undo)
+    def _redirect(
+        self, proof: SeamProof, eviction: WeightEviction, undo: list[Callable[[], None]]
+    ) -> None:
+        """Replace every seam the proof found, each undo step registered in ``undo`` before it."""
+        home = self.of(eviction.device)
+        replacements: dict[int, SeamFunction] = {}
+        for module, original in proof.seams:
+            replacement = self._replacement(proof, original, eviction, home)
+            replacements[id(original)] = replacement
+            _rebind(module, proof.row.function, original, replacement, undo)
+        for binding in proof.bindings:
+            replacement = replacements[id(binding.original)]
+            _rebind(binding.owner, binding.name, binding.original, replacement, undo)
 
+    def _replacement(
+        self, proof: SeamProof, original: SeamFunction, eviction: WeightEviction, home: Counts
+    ) -> SeamFunction:
+        row, target, shape = proof.row, eviction.device, inspect.signature(original)
 
-def stock_fallback(
-    basis: CreditBasis, counts: dict[str, Counts], device: torch.device
-) -> Callable[[], Flush | None] | None:
-    """Stock's eviction for ``device`` after the weights went away (``None``: the fork's API)."""
-    if basis.proof is None:
-        return None
-    make_stock = counted_stock(basis.proof, counts, basis.stock)
-    return lambda: make_stock(device, True)
+        def seam_replacement(*args: object, **kwargs: object) -> Flush | None:
+            # The row's calling convention names the device and the flag, wherever they sit.
+            bound = shape.bind(*args, **kwargs)
+            bound.apply_defaults()
+            device, enabled = bound.arguments[row.device], bound.arguments[row.enabled]
+            if not enabled:
+                return original(*args, **kwargs)
+            if same_device(torch.device(device), target) and not eviction.released:
+                home.requested += 1
+                home.served_by_weights += 1
+                self.handed()
+                return EvictionHandle(eviction, self.dropped)
+            self.of(device).requested += 1
+            return self.stock(proof, device, False)
 
-
-def _redirect(
-    proof: SeamProof,
-    eviction: WeightEviction,
-    counts: dict[str, Counts],
-    alive: Alive,
-    make_stock: Callable[[object, bool], Flush | None],
-    undo: list[Callable[[], None]],
-) -> None:
-    """Replace every seam the proof found, each undo step registered in ``undo`` before it."""
-    target = eviction.device
-    home = counts.setdefault(_device_key(target), Counts())
-    replacements: dict[int, SeamFunction] = {}
-    for module, original in proof.seams:
-        replacement = _replacement(
-            proof.row, original, eviction, target, home, counts, alive, make_stock
-        )
-        replacements[id(original)] = replacement
-        _rebind(module, proof.row.function, original, replacement, undo)
-    for binding in proof.bindings:
-        replacement = replacements[id(binding.original)]
-        _rebind(binding.owner, binding.name, binding.original, replacement, undo)
-
-
-def _replacement(
-    row: SeamRow,
-    original: SeamFunction,
-    eviction: WeightEviction,
-    target: torch.device,
-    home: Counts,
-    counts: dict[str, Counts],
-    alive: Alive,
-    stock: Callable[[object, bool], Flush | None],
-) -> SeamFunction:
-    shape = inspect.signature(original)
-
-    def seam_replacement(*args: object, **kwargs: object) -> Flush | None:
-        # The row's calling convention names the device and the flag, wherever they sit.
-        bound = shape.bind(*args, **kwargs)
-        bound.apply_defaults()
-        device, enabled = bound.arguments[row.device], bound.arguments[row.enabled]
-        if not enabled:
-            return original(*args, **kwargs)
-        here = same_device(torch.device(device), target)
-        if here and not eviction.released:
-            home.requested += 1
-            home.served += 1
-            alive.handed()
-            return EvictionHandle(eviction, alive.dropped)
-        counts.setdefault(_device_key(device), Counts()).requested += 1
-        return stock(device, False)
-
-    setattr(seam_replacement, MARK, True)
-    seam_replacement.__wrapped__ = original  # type: ignore[attr-defined]
-    return seam_replacement
+        setattr(seam_replacement, MARK, True)
+        seam_replacement.__wrapped__ = original  # type: ignore[attr-defined]
+        return seam_replacement
 
 
 def _rebind(

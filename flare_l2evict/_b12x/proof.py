@@ -8,25 +8,27 @@ really allocates, so the KV credit rests on facts rather than a copied formula.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
-import importlib.util
 import inspect
 import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._credit import stock_buffer_bytes
 from .._errors import InstallError
-from .provider import provider_problem, versions
-from .table import ROOTS, SeamRow, fork_rows, stock_rows
+from .provider import MIN_B12X, MIN_FLASHINFER, provider_problem, versions
+from .table import ROOTS, SeamRow, rows
+
+if TYPE_CHECKING:
+    from .._settings import L2EvictSettings
 
 MARK = "__flare_l2evict__"
 """Attribute set on the plugin's replacement of the seam (its ``__wrapped__`` is the original)."""
 
-FIX = "fix: pip install 'flashinfer-python>=0.7.2' (or b12x>=1.5)"
+FIX = f"fix: pip install 'flashinfer-python>={MIN_FLASHINFER}' (or b12x>={MIN_B12X})"
 
 Flush = Callable[[], None]
 SeamFunction = Callable[..., Flush | None]
@@ -43,7 +45,7 @@ class Binding:
 
 @dataclass(frozen=True)
 class SeamProof:
-    """What :func:`prove_seam` found; :func:`~.patch.inject` acts on it alone.
+    """What :func:`prove_seam` found; :class:`~.patch.Patch` acts on it alone.
 
     Invariant: every race code path of the loaded b12x that makes an eviction
     reaches one of ``seams``' ``_l2_flush_fn`` at call time, either through
@@ -67,8 +69,8 @@ class SeamProof:
 class StockBuffer:
     """What stock b12x allocates for one race job's eviction on a device.
 
-    ``measured``: read off the CUDA allocator around one call of the seam; else the
-    formula ``max(2 x L2, 64 MiB)`` in float32 words.
+    ``measured``: read off one call of the seam (:func:`allocated`); else the formula
+    ``max(2 x L2, 64 MiB)`` in float32 words.
     """
 
     nbytes: int
@@ -88,13 +90,10 @@ def fork_api() -> Callable[..., Any] | None:
     Raises :class:`InstallError` on another shape: the plugin never hands storage
     to a call it does not know.
     """
-    for row in fork_rows():
+    for row in rows("fork"):
         function = row.loaded()
         if function is not None:
-            checked: Callable[..., Any] = _check_signature(
-                row, importlib.import_module(row.module_path), function
-            )
-            return checked
+            return _check_signature(row, importlib.import_module(row.module_path), function)
     return None
 
 
@@ -119,35 +118,23 @@ def _check_signature(row: SeamRow, module: types.ModuleType, original: object) -
     except (TypeError, ValueError):
         shape = []
     if tuple(shape) != row.signature:
-        expected = ", ".join(_shown_parameters(row))
+        shown = [inspect.Parameter(n, getattr(inspect.Parameter, k)) for n, k in row.signature]
         raise InstallError(
-            f"{module.__name__}.{row.function} has signature {shape!r}, not ({expected}) as "
+            f"{module.__name__}.{row.function} has signature {shape!r}, "
+            f"not {inspect.Signature(shown)} as "
             f"{row.name} has it: this b12x changed its race eviction; {FIX}, or pin "
             "flare-l2evict to a release that knows this b12x"
         )
     return original
 
 
-def _shown_parameters(row: SeamRow) -> list[str]:
-    """The row's parameters as Python writes them: ``device, *, enabled``."""
-    shown: list[str] = []
-    for name, kind in row.signature:
-        if kind == "KEYWORD_ONLY" and "*" not in shown:
-            shown.append("*")
-        shown.append(name)
-    return shown
-
-
 def _resolve(root: str, module_tail: str, qualname: str) -> object | None:
     try:
-        module = importlib.import_module(f"{root}.{module_tail}")
+        target: object = importlib.import_module(f"{root}.{module_tail}")
     except ImportError:
         return None
-    target: object = module
     for part in qualname.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            return None
+        target = getattr(target, part, None)  # None from the first missing part on
     return target
 
 
@@ -182,9 +169,9 @@ def _bindings(
             value = unwrap(value)
             if id(value) in originals and not (id(module) in seams and name == row.function):
                 found.append(Binding(module, name, originals[id(value)]))
-            elif isinstance(value, type) and value.__module__ == module.__name__:
-                _refuse_hidden(row, value, originals, f"{module.__name__}.{name}")
-            elif isinstance(value, types.FunctionType):
+            elif isinstance(value, types.FunctionType) or (
+                isinstance(value, type) and value.__module__ == module.__name__
+            ):
                 _refuse_hidden(row, value, originals, f"{module.__name__}.{name}")
     return found
 
@@ -193,13 +180,11 @@ def _refuse_hidden(
     row: SeamRow, owner: object, originals: dict[int, SeamFunction], where: str
 ) -> None:
     """Refuse copies of the seam the plugin cannot redirect: class attributes, defaults."""
-    held: list[object] = []
     if isinstance(owner, type):
-        for attribute in vars(owner).values():
-            held.append(getattr(attribute, "__func__", attribute))
+        held = [getattr(attribute, "__func__", attribute) for attribute in vars(owner).values()]
     else:
-        held.extend(getattr(owner, "__defaults__", None) or ())
-        held.extend((getattr(owner, "__kwdefaults__", None) or {}).values())
+        held = list(getattr(owner, "__defaults__", None) or ())
+        held += (getattr(owner, "__kwdefaults__", None) or {}).values()
     if any(id(unwrap(item)) in originals for item in held):
         raise InstallError(
             f"{where} holds its own copy of {row.function}, which the plugin cannot redirect; "
@@ -209,8 +194,8 @@ def _refuse_hidden(
 
 def _import_row() -> SeamRow:
     """The first stock row whose module imports; raises naming the first row when none does."""
-    rows = stock_rows()
-    for row in rows:
+    stock = rows("stock")
+    for row in stock:
         try:
             importlib.import_module(row.module_path)
         except ImportError:
@@ -219,17 +204,17 @@ def _import_row() -> SeamRow:
             raise _blamed(f"importing {row.module_path}", error) from None
         return row
     try:
-        importlib.import_module(rows[0].module_path)
+        importlib.import_module(stock[0].module_path)
     except ImportError as error:
         b12x, flashinfer = versions()
         if b12x or flashinfer:
             which = f"b12x {b12x}" if b12x else f"flashinfer-python {flashinfer}"
             raise InstallError(
-                f"{which} has no {rows[0].module_path} ({error}): it runs no start-up races the "
+                f"{which} has no {stock[0].module_path} ({error}): it runs no start-up races the "
                 f"plugin knows; {FIX}"
             ) from None
         raise InstallError(f"b12x is not importable ({error}); {FIX}") from None
-    return rows[0]  # imported on the second try: a module that fails once, then loads
+    return stock[0]  # imported on the second try: a module that fails once, then loads
 
 
 def host_mode() -> str | None:
@@ -279,13 +264,11 @@ def prove_seam() -> SeamProof:
     row = _import_row()
     seams: list[tuple[types.ModuleType, SeamFunction]] = []
     roots: list[str] = []
-    for module in _loaded_b12x():
-        root = row.root_of(module.__name__)
-        if root is not None:
+    for module in _loaded_b12x():  # each module once
+        if (root := row.root_of(module.__name__)) is not None:
             original = _check_signature(row, module, unwrap(getattr(module, row.function, None)))
-            if all(module is not m for m, _ in seams):
-                seams.append((module, original))
-                roots.append(root)
+            seams.append((module, original))
+            roots.append(root)
     for root in roots:
         _check_callers(row, root)
     modules = _loaded_b12x()  # the callers' modules are loaded now
@@ -297,26 +280,36 @@ def prove_seam() -> SeamProof:
     return SeamProof(tuple(seams), tuple(bindings), b12x, flashinfer, row)
 
 
+def allocated(proof: SeamProof, device: torch.device) -> tuple[Flush | None, int]:
+    """One call of stock's seam on ``device`` and the bytes it allocated.
+
+    On CUDA, the caching allocator's growth; elsewhere, what the closure holds.
+    """
+    if device.type == "cuda":
+        before = torch.cuda.memory_allocated(device)
+        made = proof.row.call(proof.original, device, True)
+        return made, max(0, torch.cuda.memory_allocated(device) - before)
+    made = proof.row.call(proof.original, device, True)
+    return made, held_bytes(made)
+
+
 def measure_stock_buffer(
     proof: SeamProof, device: torch.device, l2_cache_bytes: int
 ) -> StockBuffer:
     """What one call of stock's seam allocates on ``device``; freed again before returning."""
-    if device.type == "cuda":
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        before = torch.cuda.memory_allocated(device)
-        made = proof.row.call(proof.original, device, True)
-        grown = torch.cuda.memory_allocated(device) - before
-        del made
-        torch.cuda.empty_cache()
-        return StockBuffer(max(0, grown), measured=True)
+    cuda = device.type == "cuda"
+    if cuda and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     try:
-        made = proof.row.call(proof.original, device, True)
+        made, nbytes = allocated(proof, device)
     except Exception:
-        return StockBuffer(proof.row.buffer_bytes(l2_cache_bytes), measured=False)
-    held = held_bytes(made)
+        if cuda:
+            raise
+        return StockBuffer(stock_buffer_bytes(l2_cache_bytes), measured=False)
     del made
-    return StockBuffer(held, measured=True)
+    if cuda:
+        torch.cuda.empty_cache()
+    return StockBuffer(nbytes, measured=True)
 
 
 def held_bytes(flush: object) -> int:
@@ -331,3 +324,48 @@ def held_bytes(flush: object) -> int:
             storage = value.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
+
+
+@dataclass(frozen=True)
+class CreditBasis:
+    """The byte figures of this device that the credit rests on, and the seam they came from.
+
+    Fork-or-stock is asked once, here: exactly one of ``fork`` and ``proof`` is
+    set. ``stock`` is measured once and used by both credit and installation.
+    """
+
+    l2_cache_bytes: int
+    window_bytes: int
+    stock: StockBuffer
+    race_jobs: int
+    proof: SeamProof | None
+    fork: Callable[..., Any] | None = None
+
+
+def device_l2_bytes(device: torch.device) -> int:
+    """The L2 size of a CUDA device, as stock b12x reads it."""
+    if device.type != "cuda":
+        raise ValueError(
+            f"{device} has no L2 size to read; the host must pass runtime.l2_cache_bytes"
+        )
+    return int(torch.cuda.get_device_properties(device).L2_cache_size)
+
+
+def measure_basis(
+    device: torch.device,
+    l2_cache_bytes: int | None,
+    settings: L2EvictSettings,
+    race_jobs: int,
+) -> CreditBasis:
+    """L2, window and stock's real per-job buffer on ``device``.
+
+    Raises :class:`InstallError` when b12x fails the proof and has no fork API.
+    """
+    l2 = device_l2_bytes(device) if l2_cache_bytes is None else l2_cache_bytes
+    window = settings.window_bytes(l2)
+    fork = fork_api()
+    if fork is not None:
+        formula = StockBuffer(stock_buffer_bytes(l2), measured=False)
+        return CreditBasis(l2, window, formula, race_jobs, None, fork)
+    proof = prove_seam()
+    return CreditBasis(l2, window, measure_stock_buffer(proof, device, l2), race_jobs, proof)

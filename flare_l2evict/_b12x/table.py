@@ -11,20 +11,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._window import stock_buffer_bytes
-
 ROOTS = ("b12x", "flashinfer.experimental.b12x")
 """Where a loaded b12x lives: standalone, or inside flashinfer-python (which aliases the first)."""
 
 
 @dataclass(frozen=True)
 class SeamRow:
-    """One b12x shape: where its eviction is made, how it is called, who calls it, its bytes.
+    """One b12x shape: where its eviction is made, how it is called, who calls it.
 
     ``kind`` ``"fork"``: a function handed the storage (``None`` undoes);
     ``"stock"``: the factory the races call, which the plugin replaces.
     ``callers`` must look the function up at call time (those in ``optional`` may
-    be absent). ``device`` and ``enabled`` name the parameters :meth:`call` passes.
+    be absent). ``device`` and ``enabled`` name the parameters :meth:`call` passes
+    (``enabled`` false: no eviction is made).
     """
 
     name: str
@@ -32,13 +31,10 @@ class SeamRow:
     module: str
     function: str
     signature: tuple[tuple[str, str], ...]
-    callers: tuple[tuple[str, str], ...]
-    optional: tuple[str, ...]
-    buffer_bytes: Callable[[int], int]
+    callers: tuple[tuple[str, str], ...] = ()
+    optional: tuple[str, ...] = ()
     device: str = "device"
-    """The calling convention: the parameter that names the device ..."""
     enabled: str = "enabled"
-    """... and the one that asks for an eviction (false: none is made)."""
 
     def call(self, function: Callable[..., Any], device: object, enabled: bool) -> Any:
         """``function`` called as this row's signature takes a device and the enabled flag."""
@@ -80,9 +76,6 @@ FORK = SeamRow(
     module="comm.pcie",
     function="use_startup_eviction",
     signature=(("storage", "POSITIONAL_OR_KEYWORD"),),
-    callers=(),
-    optional=(),
-    buffer_bytes=stock_buffer_bytes,
 )
 """The fork's API: it takes the resident storage whose reads replace the buffer."""
 
@@ -97,7 +90,6 @@ STOCK_1_5 = SeamRow(
         ("preparation.session", "PreparationJob._measure"),
     ),
     optional=("preparation.session",),  # a b12x without sessions makes no job evictions
-    buffer_bytes=stock_buffer_bytes,
 )
 """Stock b12x: ``_l2_flush_fn(device, *, enabled)`` makes each race job's buffer."""
 
@@ -105,23 +97,5 @@ ROWS: tuple[SeamRow, ...] = (FORK, STOCK_1_5)
 """Every shape known, the fork first: where its API is present it is used."""
 
 
-def fork_rows() -> tuple[SeamRow, ...]:
-    return tuple(row for row in ROWS if row.kind == "fork")
-
-
-def stock_rows() -> tuple[SeamRow, ...]:
-    return tuple(row for row in ROWS if row.kind == "stock")
-
-
-def stock_row() -> SeamRow:
-    """The stock row whose module the loaded b12x has (the first row if none imports)."""
-    rows = stock_rows()
-    for row in rows:
-        if row.loaded() is not None:
-            return row
-    return rows[0]
-
-
-def stock_seam() -> Callable[..., Any] | None:
-    """The loaded b12x's stock eviction factory (tools and benches call it), or ``None``."""
-    return stock_row().loaded()
+def rows(kind: Literal["fork", "stock"]) -> tuple[SeamRow, ...]:
+    return tuple(row for row in ROWS if row.kind == kind)

@@ -1,7 +1,7 @@
 """``flare-l2evict check``: the preflight an operator runs before turning the plugin on.
 
 It runs start-up's own steps without installing anything: the settings, the
-basis (:func:`flare_l2evict._basis.measure_basis`: the seam proof, stock's
+basis (:func:`flare_l2evict._b12x.proof.measure_basis`: the seam proof, stock's
 buffer measured on CUDA, the window), the decision on this rank's checkpoint
 headers (as ``plan`` makes it) and the credit. Around them it names what only
 an operator needs: the b12x provider and whether its release is judged, and
@@ -19,14 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._b12x.proof import StockBuffer
+from .._b12x.proof import CreditBasis, StockBuffer, device_l2_bytes, measure_basis
 from .._b12x.provider import MIN_TORCH, NEEDED, versions
-from .._b12x.table import FORK, fork_rows
-from .._credit import Credit, credit
+from .._b12x.table import FORK, rows
+from .._credit import Credit, credit, stock_buffer_bytes
 from .._errors import InstallError
 from .._settings import L2EvictSettings, load_deployment_config
 from .._text import shown
-from .._window import device_l2_bytes, stock_buffer_bytes
 from ._inputs import DISABLED, settings_from_config
 from ._origin import b12x_origin
 from ._releases import judged
@@ -34,7 +33,6 @@ from ._releases import judged
 if TYPE_CHECKING:
     import torch
 
-    from .._basis import CreditBasis
     from ._headers import TensorHeader
     from ._profiles import DeviceProfile
 
@@ -123,7 +121,7 @@ def _provider_lines(report: _Report) -> None:
     """Versions, and the b12x provider with whether its release has a judged row."""
     _, flashinfer = versions()
     origin = b12x_origin()
-    fork = any(row.loaded() is not None for row in fork_rows())
+    fork = any(row.loaded() is not None for row in rows("fork"))
     provider = "fork" if fork else origin.provider
     row = (
         judged(origin.distribution, origin.version)
@@ -174,8 +172,6 @@ def _basis(
     settings: L2EvictSettings,
 ) -> tuple[CreditBasis, str | None]:
     """Start-up's basis on ``device``, and the seam's refusal (the formula buffer then)."""
-    from .._basis import CreditBasis, measure_basis
-
     l2_from_profile = device.type != "cuda"
     l2 = profile.l2_cache_bytes if l2_from_profile else device_l2_bytes(device)
     l2_source = f"profile {profile.name}" if l2_from_profile else "read from the device"

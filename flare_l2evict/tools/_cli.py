@@ -387,7 +387,7 @@ def _json(figures: Mapping[str, Any]) -> str:
 
 
 def _eviction_cell(result: StartupResult) -> str:
-    from .._window import stock_buffer_bytes
+    from .._credit import stock_buffer_bytes
 
     stock = stock_buffer_bytes(result.l2_cache_bytes)
     if result.reclaimed_bytes and result.eviction_storage_bytes < stock:
@@ -457,7 +457,7 @@ def _startup(args: argparse.Namespace) -> int:
     device = _device(args.device)
     import torch
 
-    from .._window import stock_window_bytes
+    from .._credit import stock_window_bytes
     from .reference_host import ReferenceHost, write_example_checkpoint
 
     l2 = (
@@ -612,7 +612,7 @@ def plan_table(plan: Plan) -> str:
 
 
 def _example(args: argparse.Namespace) -> int:
-    from .._window import stock_window_bytes
+    from .._credit import stock_window_bytes
     from ._example import write_example
 
     if args.out.exists() and not args.out.is_dir():

@@ -1,4 +1,4 @@
-"""Where the b12x that ``import b12x`` loads comes from (``check``'s; the runtime never asks)."""
+"""Where the b12x that ``import b12x`` loads comes from, and its seam row (no runtime use)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from .._b12x.table import SeamRow, rows
 
 
 @dataclass(frozen=True)
@@ -106,3 +108,9 @@ def _owner(path: Path) -> importlib.metadata.Distribution | None:
                 if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == recorded.hash.value:
                     return distribution
     return owners[0][0] if owners else None
+
+
+def stock_row() -> SeamRow:
+    """The stock row whose module the loaded b12x has (the first row if none imports)."""
+    stock = rows("stock")
+    return next((row for row in stock if row.loaded() is not None), stock[0])

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
 
+from .._credit import stock_buffer_bytes
 from .._decision import Storages
 from .._settings import L2EvictSettings
 from .._text import shown
-from .._window import stock_buffer_bytes
 from ._headers import TensorHeader
 from ._inputs import DISABLED
 from ._kv import kv_tokens

@@ -31,7 +31,7 @@ class StorageDeviceCheck:
     def before_first_capture(self, runtime: object) -> None:
         installation = active_installation()
         if installation is not None:
-            self.devices = sorted({str(v.device) for v in installation.views()})
+            self.devices = sorted({str(v.device) for v in installation.eviction.views()})
 
 
 def rank_main(rank: int, world_size: int, directory: str) -> None:

@@ -17,15 +17,14 @@ from typing import Any
 import pluggy
 import torch
 
-from ..._b12x.table import stock_seam
-from ..._credit import EVICTION_OUTPUT_BYTES
+from ..._credit import EVICTION_OUTPUT_BYTES, stock_buffer_bytes
 from ..._errors import L2EvictError, PluginNotFoundError
 from ..._markers import ENTRY_POINT_GROUP, PROJECT_NAME
 from ..._report import ReclaimReport, StartupAudit
-from ..._window import stock_buffer_bytes
 from ...hookspecs import FlareStartupSpec
 from .._inputs import refuse_unknown_plugins
 from .._kv import kv_tokens
+from .._origin import stock_row
 from .._profiles import DeviceProfile
 from ._checkpoint import load_checkpoint
 
@@ -148,7 +147,7 @@ def plugin_manager(plugins: Sequence[str]) -> pluggy.PluginManager:
 
 
 def _stock_seam() -> Callable[..., Any] | None:
-    return stock_seam()  # the seam of the loaded b12x, as the seam table names it
+    return stock_row().loaded()  # the seam of the loaded b12x, as the seam table names it
 
 
 def _storage_bytes(tensors: Mapping[str, torch.Tensor]) -> int:

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from ..._b12x.table import ROOTS, SeamRow, stock_row
+from ..._b12x.table import ROOTS, SeamRow
+from .._origin import stock_row
 
 COMPILER_MODULE = "b12x._lib.compiler"
 """The one module of b12x's guard that imports the CuTe DSL."""
