@@ -33,7 +33,7 @@ _EXPORTS: dict[str, str] = {
     "RegionRead": "_report",
     "StartupAudit": "_report",
     "L2EvictSettings": "_settings",
-    "load_deployment_config": "_settings",
+    "load_deployment_config": "tools._config_file",
     "FlareRuntime": "hookspecs",
     "FlareStartupSpec": "hookspecs",
     "KVAllocator": "hookspecs",
@@ -77,12 +77,10 @@ if TYPE_CHECKING:
         RegionRead as RegionRead,
         StartupAudit as StartupAudit,
     )
-    from ._settings import (
-        L2EvictSettings as L2EvictSettings,
-        load_deployment_config as load_deployment_config,
-    )
+    from ._settings import L2EvictSettings as L2EvictSettings
     from .hookspecs import (
         FlareRuntime as FlareRuntime,
         FlareStartupSpec as FlareStartupSpec,
         KVAllocator as KVAllocator,
     )
+    from .tools._config_file import load_deployment_config as load_deployment_config

@@ -311,7 +311,7 @@ def test_a_fifo_config_is_not_a_regular_file_and_does_not_block(tmp_path: Path) 
     fifo = tmp_path / "deploy.toml"
     os.mkfifo(fifo)
     out = run_python(
-        "from flare_l2evict._settings import load_deployment_config\n"
+        "from flare_l2evict.tools._config_file import load_deployment_config\n"
         "from flare_l2evict._errors import ConfigError\n"
         "try:\n"
         f"    load_deployment_config({str(fifo)!r})\n"

@@ -24,8 +24,9 @@ from .._b12x.provider import MIN_TORCH, NEEDED, versions
 from .._b12x.table import FORK, rows
 from .._credit import Credit, credit, stock_buffer_bytes
 from .._errors import InstallError
-from .._settings import L2EvictSettings, load_deployment_config
+from .._settings import L2EvictSettings
 from .._text import shown
+from ._config_file import load_deployment_config
 from ._inputs import DISABLED, settings_from_config
 from ._origin import b12x_origin
 from ._releases import judged

@@ -442,7 +442,7 @@ def _table(header: str, before: StartupResult, after: StartupResult, label: str)
 
 
 def _startup(args: argparse.Namespace) -> int:
-    from .._settings import load_deployment_config
+    from ._config_file import load_deployment_config
     from ._inputs import refuse_unknown_plugins, refuse_unreadable_checkpoint, settings_from_config
 
     # Every input is checked before torch is imported: a typo is answered in under a second.
@@ -492,7 +492,7 @@ def _startup(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .._settings import load_deployment_config
+    from ._config_file import load_deployment_config
     from ._headers import read_checkpoint
     from ._inputs import settings_from_config
     from ._plan import make_plan, shard_of, split_evenly
@@ -635,7 +635,7 @@ def _example(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .._settings import load_deployment_config
+    from ._config_file import load_deployment_config
     from ._headers import read_checkpoint
     from ._inputs import settings_from_config
 
