@@ -27,11 +27,9 @@ def stock_buffer_bytes(l2_cache_bytes: int) -> int:
 OUTPUT_ROWS = 8192
 """Partial sums the eviction reduces into: enough rows that torch needs no temporary."""
 
-_ALLOCATOR_GRANULE = 512  # allocation granularity of torch's CUDA caching allocator
+_GRANULE = 512  # allocation granularity of torch's CUDA caching allocator
 
-EVICTION_OUTPUT_BYTES = (
-    -(-OUTPUT_ROWS * WORD // _ALLOCATOR_GRANULE) * _ALLOCATOR_GRANULE + _ALLOCATOR_GRANULE
-)
+EVICTION_OUTPUT_BYTES = -(-OUTPUT_ROWS * WORD // _GRANULE) * _GRANULE + _GRANULE
 """Device bytes one eviction holds for its outputs, in allocator blocks."""
 READ_KERNEL_BYTES = 2 << 20
 """Device memory charged for the read kernel's code: one 2 MiB driver page."""
@@ -82,8 +80,7 @@ def credit(
         return Credit(0, "stock b12x allocated nothing for its eviction on this device")
     if window_bytes <= 0 or read_bytes < window_bytes:
         return Credit(
-            0,
-            f"the eviction reads {read_bytes:,} of the {window_bytes:,}-byte window it claims",
+            0, f"the eviction reads {read_bytes:,} of the {window_bytes:,}-byte window it claims"
         )
     saved = race_jobs * stock_buffer_bytes - overhead_bytes
     if saved <= 0:
