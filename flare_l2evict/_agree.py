@@ -98,9 +98,8 @@ def _gather(
     late = [index for index, vote in enumerate(votes) if vote is None]
     if not late:
         return [vote for vote in votes if vote is not None]
-    me = members.index(dist.get_rank())
     named = ", ".join(map(str, late[:8])) + (" ..." if len(late) > 8 else "")
-    who = "this rank" if me in late else f"rank {named}"
+    who = "this rank" if members.index(dist.get_rank()) in late else f"rank {named}"
     return Agreement(
         0,
         {index: "did not reach the agreement in time" for index in late},

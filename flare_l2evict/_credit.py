@@ -18,8 +18,7 @@ def stock_window_bytes(l2_cache_bytes: int) -> int:
 def stock_buffer_bytes(l2_cache_bytes: int) -> int:
     """Bytes of the float32 buffer stock b12x allocates, and reads, per race job.
 
-    Its 0-d output is left out on purpose (the plugin allocates one too), so the
-    reclaimed figure stays a lower bound.
+    Its 0-d output is left out (the plugin allocates one too): the credit stays a lower bound.
     """
     return -(-stock_window_bytes(l2_cache_bytes) // WORD) * WORD
 
@@ -61,9 +60,8 @@ def credit(
     * ``0 <= nbytes <= race_jobs * stock_buffer_bytes``;
     * ``nbytes == 0`` unless the eviction can be installed and reads at least
       the ``window_bytes`` it claims (``read_bytes >= window_bytes > 0``);
-    * the eviction's own outputs and its read kernel's code
-      (``overhead_bytes``, once per process) are subtracted, so the figure is
-      a lower bound of what the races stop allocating.
+    * the eviction's own outputs and its read kernel's code (``overhead_bytes``, once per process)
+      are subtracted, so the figure is a lower bound of what the races stop allocating.
 
     ``stock_buffer_bytes`` must be what stock b12x really allocates per job
     on this device (:func:`~._b12x.proof.measure_stock_buffer`).

@@ -18,18 +18,11 @@ LIMIT = 200
 # Zl/Zp: line and paragraph separators; Cs: lone surrogates, which undecodable file names carry
 # and no UTF-8 terminal can print.
 _HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
-_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _escaped(char: str) -> str:
-    if char == "\\" or unicodedata.category(char) not in _HIDDEN:
-        return char
-    if char in _SHORT:
-        return _SHORT[char]
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    # No hidden character is printable, so repr escapes each: \n, \xhh, \uhhhh or \Uhhhhhhhh.
+    return repr(char)[1:-1] if unicodedata.category(char) in _HIDDEN else char
 
 
 def _cut(text: str, limit: int, *, complete: bool = True, total: int | None = None) -> str:
