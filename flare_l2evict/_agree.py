@@ -44,8 +44,7 @@ AGREE_TIMEOUT_S = 120.0
 """Seconds a rank waits for the other ranks' votes; then the missing ones are voted out (0)."""
 
 _ROUNDS = itertools.count()
-"""Agreements made: every rank's n-th :func:`agree` (a lone rank with no group makes none) is
-the same start-up, with keys of its own."""
+"""Every rank's n-th :func:`agree` is the same start-up, whose votes get keys of their own."""
 _LATE = "late"
 _PREFIX = "flare_l2evict/agree"
 
@@ -60,10 +59,9 @@ def settings_digest(settings: L2EvictSettings | None) -> tuple[str, dict[str, An
 def agree(outcome: RankOutcome, group: dist.ProcessGroup | None) -> Agreement:
     """The minimum reclaimed bytes over the ranks of ``group``; the same on every rank.
 
-    Every rank must call this exactly once per start-up, whatever happened to it
-    before (a fault reaches it with a zero outcome), so nobody waits on a rank
-    that gave up. Ranks whose settings differ, or that miss the wait, make the
-    agreed figure 0 and are named.
+    Every rank must call this exactly once per start-up, a faulted one with a zero outcome, so
+    nobody waits on a rank that gave up. Ranks whose settings differ, or that miss the wait,
+    make the agreed figure 0 and are named.
     """
     number = next(_ROUNDS)
     alone = Agreement(outcome.reclaimed_bytes, {}, outcome.reason)
@@ -100,9 +98,8 @@ def _gather(
     late = [index for index, vote in enumerate(votes) if vote is None]
     if not late:
         return [vote for vote in votes if vote is not None]
-    me = members.index(dist.get_rank())
     named = ", ".join(map(str, late[:8])) + (" ..." if len(late) > 8 else "")
-    who = "this rank" if me in late else f"rank {named}"
+    who = "this rank" if members.index(dist.get_rank()) in late else f"rank {named}"
     return Agreement(
         0,
         {index: "did not reach the agreement in time" for index in late},
@@ -168,7 +165,6 @@ def _keys(members: list[int], number: int) -> list[str]:
 
 
 def _vote(store: Any, key: str, outcome: RankOutcome) -> None:
-    """Write ``outcome`` into ``key`` unless it is written already."""
     store.compare_set(key, "", json.dumps(asdict(outcome)))
 
 

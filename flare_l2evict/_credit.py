@@ -18,8 +18,7 @@ def stock_window_bytes(l2_cache_bytes: int) -> int:
 def stock_buffer_bytes(l2_cache_bytes: int) -> int:
     """Bytes of the float32 buffer stock b12x allocates, and reads, per race job.
 
-    Its 0-d output is left out on purpose (the plugin allocates one too), so the
-    reclaimed figure stays a lower bound.
+    Its 0-d output is left out (the plugin allocates one too): the credit stays a lower bound.
     """
     return -(-stock_window_bytes(l2_cache_bytes) // WORD) * WORD
 
@@ -27,11 +26,9 @@ def stock_buffer_bytes(l2_cache_bytes: int) -> int:
 OUTPUT_ROWS = 8192
 """Partial sums the eviction reduces into: enough rows that torch needs no temporary."""
 
-_ALLOCATOR_GRANULE = 512  # allocation granularity of torch's CUDA caching allocator
+_GRANULE = 512  # allocation granularity of torch's CUDA caching allocator
 
-EVICTION_OUTPUT_BYTES = (
-    -(-OUTPUT_ROWS * WORD // _ALLOCATOR_GRANULE) * _ALLOCATOR_GRANULE + _ALLOCATOR_GRANULE
-)
+EVICTION_OUTPUT_BYTES = -(-OUTPUT_ROWS * WORD // _GRANULE) * _GRANULE + _GRANULE
 """Device bytes one eviction holds for its outputs, in allocator blocks."""
 READ_KERNEL_BYTES = 2 << 20
 """Device memory charged for the read kernel's code: one 2 MiB driver page."""
@@ -63,9 +60,8 @@ def credit(
     * ``0 <= nbytes <= race_jobs * stock_buffer_bytes``;
     * ``nbytes == 0`` unless the eviction can be installed and reads at least
       the ``window_bytes`` it claims (``read_bytes >= window_bytes > 0``);
-    * the eviction's own outputs and its read kernel's code
-      (``overhead_bytes``, once per process) are subtracted, so the figure is
-      a lower bound of what the races stop allocating.
+    * the eviction's own outputs and its read kernel's code (``overhead_bytes``, once per process)
+      are subtracted, so the figure is a lower bound of what the races stop allocating.
 
     ``stock_buffer_bytes`` must be what stock b12x really allocates per job
     on this device (:func:`~._b12x.proof.measure_stock_buffer`).
@@ -82,8 +78,7 @@ def credit(
         return Credit(0, "stock b12x allocated nothing for its eviction on this device")
     if window_bytes <= 0 or read_bytes < window_bytes:
         return Credit(
-            0,
-            f"the eviction reads {read_bytes:,} of the {window_bytes:,}-byte window it claims",
+            0, f"the eviction reads {read_bytes:,} of the {window_bytes:,}-byte window it claims"
         )
     saved = race_jobs * stock_buffer_bytes - overhead_bytes
     if saved <= 0:

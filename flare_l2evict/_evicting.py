@@ -7,7 +7,6 @@ returned, not offered, and every line names the block's arguments, not a runtime
 from __future__ import annotations
 
 import logging
-import types
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -140,8 +139,7 @@ def _orphaned(startup: Startup) -> None:
 class _Block:
     """One ``evicting_from`` block: its checked arguments, then its start-up.
 
-    The program's mapping is held only until the core has read it, so a tensor nothing
-    but the block held is not credited.
+    It holds the program's mapping only until the core has read it: no tensor only it held counts.
     """
 
     def __init__(self, tensors: object, arguments: dict[str, Any]) -> None:
@@ -184,11 +182,10 @@ class _Block:
             return _core.start(startup, where, local, request, clock)
 
         def internal(reason: str) -> ReclaimReport:
-            report = ReclaimReport(
+            say(log, logging.WARNING, "flare_l2evict: stock b12x eviction kept; %s", reason)
+            return ReclaimReport(
                 device=where.device, reclaimed_bytes=0, mechanism="none", reason=reason
             )
-            say(log, logging.WARNING, "flare_l2evict: stock b12x eviction kept; %s", reason)
-            return report
 
         try:
             return _core.guarded(startup, body, internal)
@@ -196,12 +193,7 @@ class _Block:
             self.__exit__(None, None, None)
             raise
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: types.TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exception: object) -> None:  # whatever ended the block, it ends the same
         try:
             self._tensors = None
             if self._startup is not None:

@@ -1,8 +1,7 @@
 """Read the host's ``runtime`` once, defensively, against the contract in :mod:`.hookspecs`.
 
-Any attribute may be a property that raises: each is read exactly once
-(:func:`snapshot`), what reading it raised kept as a fact, so no host
-behaviour escapes the hook's fallback guard.
+Any attribute may be a property that raises: each is read exactly once (:func:`snapshot`), what
+reading it raised kept as a fact, so no host behaviour escapes the hook's fallback guard.
 """
 
 from __future__ import annotations
@@ -31,10 +30,7 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class Placement:
-    """Where this process sits, read leniently so even a faulty runtime gets a valid report.
-
-    ``rank``/``world_size`` fall back to 0/1 and ``device`` to the host's text.
-    """
+    """Where this process sits, read leniently (:func:`placement`): valid from any runtime."""
 
     device: str
     rank: int
@@ -46,9 +42,8 @@ class Placement:
 class RuntimeFacts:
     """What :func:`read_runtime` checked and the core reads.
 
-    ``device`` is ``cpu`` or ``cuda``; ``race_jobs`` in ``0..MAX_RACE_JOBS``;
-    ``l2_cache_bytes`` ``None`` (read from CUDA) or in ``1..MAX_L2_BYTES``;
-    ``add_reclaimed`` a plain (not ``async``) callable.
+    ``device`` is ``cpu`` or ``cuda``; ``race_jobs`` in ``0..MAX_RACE_JOBS``; ``l2_cache_bytes``
+    ``None`` (read from CUDA) or in ``1..MAX_L2_BYTES``; ``add_reclaimed`` not ``async``.
     """
 
     device: torch.device
@@ -60,10 +55,7 @@ class RuntimeFacts:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Each contract attribute of ``runtime`` as read once: its value, or why it could not be.
-
-    Its strict checks (:func:`read_runtime`) raise what :meth:`bad` words.
-    """
+    """Each contract attribute of ``runtime`` as read once: its value, or why it could not be."""
 
     values: dict[str, object]
     errors: dict[str, str]
@@ -196,10 +188,7 @@ def placement(seen: Snapshot) -> Placement:
 
 
 def read_runtime(seen: Snapshot) -> RuntimeFacts:
-    """The checked runtime, or :class:`RuntimeContractError` naming the first bad attribute.
-
-    One line: the attribute, what it was (or raised), and what it accepts.
-    """
+    """The checked runtime, or :class:`RuntimeContractError` naming the first bad attribute."""
     for name in RUNTIME_ATTRIBUTES:
         if name in seen.errors and name != "kv_allocator":
             raise seen.bad(name, "an attribute that can be read")

@@ -25,8 +25,7 @@ _SIZE = re.compile(r"([0-9]+)[ \t]*([kmg]i?b|b)?", re.IGNORECASE)
 _SIZE_CHARS = 32  # longer than any size a window takes ("68719476736 b" is 13)
 
 MAX_EXCLUDE_PATTERNS = 8
-"""Globs ``exclude`` may list: each costs a match per resident tensor (250,000 at most;
-8 globs add up to 5 s to the hook there, on the 2-core CI machine under load)."""
+"""Globs ``exclude`` may list: each is tried on every resident tensor (8 x 250,000: 5 s on CI)."""
 MAX_PATTERN_CHARS = 1000
 """Characters of one ``exclude`` glob: tensor names are far shorter."""
 MAX_PATTERN_STARS = 4
@@ -51,10 +50,7 @@ ALLOWED: dict[str, str] = {
 
 
 class L2EvictSettings(BaseModel):
-    """``[plugins.l2evict]``: every key is optional; unknown keys are errors.
-
-    ``window`` is ``"stock"`` (what stock b12x reads on the device) or a byte count.
-    """
+    """``[plugins.l2evict]``: every key is optional (:data:`ALLOWED`); unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -120,23 +116,20 @@ def _one_line(error: ValidationError, section: Mapping[str, Any]) -> str:
 
 
 def read_section(config: object) -> dict[str, Any]:
-    """The ``[plugins.l2evict]`` section, read once into a plain dict; ``{}`` when absent.
+    """The section as a plain dict (``{}`` when absent); :class:`ConfigError` if a table is not one.
 
-    Every later step sees the same values, even from a host mapping that answers
-    differently each time. :class:`ConfigError` if a table is not one.
+    Read once: later steps see the same values, even from a host mapping answering differently.
     """
     section: object = {} if config is None else config
-    path: list[str] = []
-    for part in SECTION:
+    for depth, part in enumerate(SECTION):
         if not isinstance(section, Mapping):
-            where = ".".join(path) or "the deployment config"
+            where = ".".join(SECTION[:depth]) or "the deployment config"
             raise ConfigError(
                 f"[{where}] must be a table of keys, not {type(section).__name__} "
                 f"({literal(section, 60)}); fix: make it a table"
             )
         section = section.get(part, {})
         section = {} if section is None else section
-        path.append(part)
     if not isinstance(section, Mapping):
         raise ConfigError(
             f"[{_SECTION_NAME}] must be a table of keys ({', '.join(ALLOWED)}), "
@@ -154,10 +147,6 @@ def settings_from_section(section: Mapping[str, Any]) -> L2EvictSettings:
 
 
 def wants_raise(section: Mapping[str, Any]) -> bool:
-    """Whether the section (:func:`read_section`) asks for ``on_error = "raise"``, valid or not.
-
-    Only the plain string ``"raise"`` counts: an object that compares equal to
-    anything does not turn the default fallback into an exception.
-    """
+    """Whether the section's ``on_error`` is the plain str ``"raise"`` (not just equal to it)."""
     value = section.get("on_error")
     return type(value) is str and value == "raise"

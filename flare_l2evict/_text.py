@@ -14,23 +14,15 @@ from collections.abc import Mapping
 LIMIT = 200
 """Characters of one echoed value, the cut marker included."""
 
-# Cc: C0/C1 controls (newline, NUL, ESC); Cf: format characters, among them
-# the bidi overrides and isolates; Zl/Zp: line and paragraph separators;
-# Cs: lone surrogates, which undecodable file names carry and no UTF-8
-# terminal can print.
+# Cc: C0/C1 controls (newline, NUL, ESC); Cf: format characters (the bidi overrides, isolates);
+# Zl/Zp: line and paragraph separators; Cs: lone surrogates, which undecodable file names carry
+# and no UTF-8 terminal can print.
 _HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
-_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _escaped(char: str) -> str:
-    if char == "\\" or unicodedata.category(char) not in _HIDDEN:
-        return char
-    if char in _SHORT:
-        return _SHORT[char]
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    # No hidden character is printable, so repr escapes each: \n, \xhh, \uhhhh or \Uhhhhhhhh.
+    return repr(char)[1:-1] if unicodedata.category(char) in _HIDDEN else char
 
 
 def _cut(text: str, limit: int, *, complete: bool = True, total: int | None = None) -> str:
@@ -58,10 +50,7 @@ def _cut(text: str, limit: int, *, complete: bool = True, total: int | None = No
 
 
 def literal(value: object, limit: int = LIMIT) -> str:
-    """``value`` as a JSON-like literal (strings quoted), bounded and on one line.
-
-    Rendered only as far as ``limit`` reaches, at most four levels deep.
-    """
+    """``value`` as a one-line JSON-like literal, rendered only within ``limit``, 4 levels deep."""
     budget = max(limit, 16)
     out: list[str] = []
     size = 0
