@@ -111,6 +111,7 @@ class _OpenRegion:
 class _Union:
     """The chosen storages' address ranges, merged into disjoint regions kept in address order.
 
+
     Buckets of at most ``2 * _LOAD`` regions keep an add near-linear in any order;
     a merge keeps the region with the most pieces, so overlaps cost O(n log n).
     """
@@ -252,15 +253,13 @@ def choose_regions(
     chosen, pieces = _tails(union.regions(), storages.starts, window_words)
     if pieces <= MAX_PIECES:
         return RegionChoice(window_bytes, tuple(chosen), sum(r.read_bytes for r in chosen), None)
-    return RegionChoice(
-        window_bytes,
-        (),
-        0,
+    too_many = (
         f"the {window_bytes:,}-byte eviction window on {where} would be read in more than "
         f"{MAX_PIECES} separate pieces (the largest eligible storages are small), one "
         "launch each before every race sample: slower than stock's single read; stock "
-        "b12x keeps its own buffer",
+        "b12x keeps its own buffer"
     )
+    return RegionChoice(window_bytes, (), 0, too_many)
 
 
 class _Gather:
@@ -454,10 +453,7 @@ def _borrowed_fix(why: str, names: list[str], count: int) -> str:
 
 
 def borrowed_line(why: str, names: Iterable[str], count: int) -> str:
-    """One line naming (bounded) the ``count`` tensors skipped as ``why``, with the fix.
-
-    ``why`` is ``"borrowed"`` or ``"file-mapped"``.
-    """
+    """One line naming (bounded) the ``count`` tensors skipped as ``why``, with the fix."""
     what, fix = _BORROWED_WORDS[why]
     return (
         f"{count:,} resident tensors are not read because their storage borrows memory "
