@@ -226,11 +226,7 @@ class _Ranges:
 
 
 def choose_regions(
-    storages: Storages,
-    window_bytes: int,
-    exclude: Sequence[str] = (),
-    *,
-    where: str = "the device",
+    storages: Storages, window_bytes: int, exclude: Sequence[str] = (), *, where: str = "the device"
 ) -> RegionChoice:
     """The storages whose tail the eviction reads, largest first, until the window is covered.
 

@@ -47,10 +47,9 @@ class Binding:
 class SeamProof:
     """What :func:`prove_seam` found; :class:`~.patch.Patch` acts on it alone.
 
-    Invariant: every race code path of the loaded b12x that makes an eviction
-    reaches one of ``seams``' ``_l2_flush_fn`` at call time, either through
-    its module global or through one of ``bindings``. Replacing exactly those
-    names therefore hands every race the plugin's eviction.
+    Invariant: every race code path of the loaded b12x that makes an eviction reaches one of
+    ``seams``' ``_l2_flush_fn`` at call time, through its module global or one of
+    ``bindings``: replacing exactly those names hands every race the plugin's eviction.
     """
 
     seams: tuple[tuple[types.ModuleType, SeamFunction], ...]
@@ -253,12 +252,12 @@ def _probe_disabled(row: SeamRow, original: SeamFunction) -> None:
 def prove_seam() -> SeamProof:
     """Check the loaded b12x against its stock row and return what an installation must replace.
 
-    Changes nothing. Checks the seam's signature in every loaded copy of b12x,
-    that each caller looks it up when it runs, that no class attribute or default
-    argument holds the original, and that a disabled call returns ``None``.
-    Other module-level bindings of the original are returned as :class:`Binding`.
-    Raises :class:`InstallError` with the reason and the fix.
+    Changes nothing. Checks the seam's signature in every loaded copy of b12x, that each
+    caller looks it up when it runs, that no class attribute or default argument holds the
+    original, and that a disabled call returns ``None``; other module-level bindings of the
+    original are returned as :class:`Binding`. Raises :class:`InstallError` with the fix.
     """
+
     if (problem := provider_problem()) is not None:  # no usable torch or b12x: say which
         raise InstallError(problem)
     row = _import_row()
@@ -352,10 +351,7 @@ def device_l2_bytes(device: torch.device) -> int:
 
 
 def measure_basis(
-    device: torch.device,
-    l2_cache_bytes: int | None,
-    settings: L2EvictSettings,
-    race_jobs: int,
+    device: torch.device, l2_cache_bytes: int | None, settings: L2EvictSettings, race_jobs: int
 ) -> CreditBasis:
     """L2, window and stock's real per-job buffer on ``device``.
 
