@@ -111,7 +111,6 @@ class _OpenRegion:
 class _Union:
     """The chosen storages' address ranges, merged into disjoint regions kept in address order.
 
-
     Buckets of at most ``2 * _LOAD`` regions keep an add near-linear in any order;
     a merge keeps the region with the most pieces, so overlaps cost O(n log n).
     """

@@ -47,8 +47,6 @@ def triton_started() -> bool:
 
     Importing Triton is not enough: ``triton_key`` (hashing its sources) must have run.
     """
-    if "triton" not in sys.modules:
-        return False
     for home in ("triton.runtime.cache", "triton.compiler.compiler"):  # 3.6, older
         info = getattr(getattr(sys.modules.get(home), "triton_key", None), "cache_info", None)
         if callable(info):

@@ -57,9 +57,8 @@ class WeightRegion:
 class WeightChoice:
     """The regions to read, largest first; together they cover ``window_bytes``.
 
-    Invariant: every piece lies on ``device`` inside a non-empty storage viewed by
-    no excluded tensor name, starts on a float32 boundary, and shares no byte
-    with any other piece.
+    Invariant: every piece lies on ``device`` inside a non-empty storage viewed by no excluded
+    tensor name, starts on a float32 boundary, and shares no byte with any other piece.
     """
 
     regions: tuple[WeightRegion, ...]
@@ -277,9 +276,8 @@ def weight_choice(
         for piece in source.pieces:
             storage, tensor = held.storages[piece.owner], held.tensors[piece.owner]
             assert storage is not None  # the decision reads only storages that exist
-            if not isinstance(tensor, torch.Tensor):
-                tensor = None
-            pieces.append(WeightPiece(storage, piece.offset, piece.nbytes, tensor))
+            host = tensor if isinstance(tensor, torch.Tensor) else None
+            pieces.append(WeightPiece(storage, piece.offset, piece.nbytes, host))
         regions.append(WeightRegion(source.name, source.storage_bytes, tuple(pieces)))
     for why, indices in held.skipped.items():
         if indices:

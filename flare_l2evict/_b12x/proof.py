@@ -86,8 +86,7 @@ def unwrap(function: Any) -> Any:
 def fork_api() -> Callable[..., Any] | None:
     """The fork's API where the loaded b12x has it, its signature checked against its row.
 
-    Raises :class:`InstallError` on another shape: the plugin never hands storage
-    to a call it does not know.
+    Raises :class:`InstallError` on another shape: storage is never handed to a call not known.
     """
     for row in rows("fork"):
         function = row.loaded()
@@ -257,7 +256,6 @@ def prove_seam() -> SeamProof:
     original, and that a disabled call returns ``None``; other module-level bindings of the
     original are returned as :class:`Binding`. Raises :class:`InstallError` with the fix.
     """
-
     if (problem := provider_problem()) is not None:  # no usable torch or b12x: say which
         raise InstallError(problem)
     row = _import_row()
