@@ -45,11 +45,9 @@ class Column(Protocol[_T_co]):
 
 @dataclass(frozen=True)
 class Storages:
-    """What a caller knows of the resident tensors: one entry per tensor, in columns.
-
-    ``starts`` and ``skips`` (why a storage is never read, or ``None``) are asked
-    only of the largest storages, so they may be computed on demand.
-    """
+    """What a caller knows of the resident tensors: one entry per tensor, in columns; ``starts``
+    and ``skips`` (why a storage is never read, or ``None``) are asked only of the largest
+    storages, so they may be computed on demand."""
 
     names: Sequence[str]
     sizes: list[int]

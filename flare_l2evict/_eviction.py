@@ -43,10 +43,8 @@ _LONE_TENSOR_REFS = _lone_refs(lambda: torch.empty(1))
 
 
 def triton_started() -> bool:
-    """Whether this process already paid Triton's start (about 0.7 s, even with the kernel on disk).
-
-    Importing Triton is not enough: ``triton_key`` (hashing its sources) must have run.
-    """
+    """Whether this process already paid Triton's start (about 0.7 s, even with the kernel on
+    disk): importing Triton is not enough, ``triton_key`` (hashing its sources) must have run."""
     for home in ("triton.runtime.cache", "triton.compiler.compiler"):  # 3.6, older
         info = getattr(getattr(sys.modules.get(home), "triton_key", None), "cache_info", None)
         if callable(info):
@@ -273,10 +271,8 @@ class WeightEviction:
         return lone
 
     def unheld(self) -> str | None:
-        """Why a storage read is held by nothing but this object (``None``: every one is held).
-
-        Call once the hook holds no host mapping.
-        """
+        """Why a storage read is held by nothing but this object (``None``: every one is held);
+        call once the hook holds no host mapping."""
         slot = self._unheld_slot()
         if slot is None:
             return None
@@ -325,10 +321,8 @@ class WeightEviction:
 
 
 class EvictionHandle:
-    """What the seam hands one b12x race job: the shared eviction, counted while alive.
-
-    The audit holds ``race_jobs`` to the most handles alive at once.
-    """
+    """What the seam hands one b12x race job: the shared eviction, counted while alive (the
+    audit holds ``race_jobs`` to the most handles alive at once)."""
 
     __slots__ = ("__weakref__", "eviction")
 

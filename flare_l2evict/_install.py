@@ -247,10 +247,8 @@ class Installation:
 def make_installation(
     choice: WeightChoice, basis: CreditBasis, process: Holder, words: Words, kernel: Kernel
 ) -> tuple[Installation, Callable[[], None]]:
-    """Make b12x's race jobs on ``choice.device`` read the chosen weights, on a measured basis.
-
-    Returns the installation, which changes nothing yet, and the step that does.
-    """
+    """Make b12x's race jobs on ``choice.device`` read the chosen weights, on a measured basis:
+    returns the installation, which changes nothing yet, and the step that does."""
     patch = Patch(basis, process)
     eviction = WeightEviction(
         choice,  # the fallback must not hold the choice: it holds the weights

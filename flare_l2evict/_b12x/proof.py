@@ -84,10 +84,8 @@ def unwrap(function: Any) -> Any:
 
 
 def fork_api() -> Callable[..., Any] | None:
-    """The fork's API where the loaded b12x has it, its signature checked against its row.
-
-    Raises :class:`InstallError` on another shape: storage is never handed to a call not known.
-    """
+    """The fork's API where the loaded b12x has it, its signature checked against its row; raises
+    :class:`InstallError` on another shape: no storage goes to a call the plugin does not know."""
     for row in rows("fork"):
         function = row.loaded()
         if function is not None:
@@ -278,10 +276,8 @@ def prove_seam() -> SeamProof:
 
 
 def allocated(proof: SeamProof, device: torch.device) -> tuple[Flush | None, int]:
-    """One call of stock's seam on ``device`` and the bytes it allocated.
-
-    On CUDA, the caching allocator's growth; elsewhere, what the closure holds.
-    """
+    """One call of stock's seam on ``device`` and the bytes it allocated: on CUDA, the caching
+    allocator's growth; elsewhere, what the closure holds."""
     if device.type == "cuda":
         before = torch.cuda.memory_allocated(device)
         made = proof.row.call(proof.original, device, True)
@@ -351,10 +347,8 @@ def device_l2_bytes(device: torch.device) -> int:
 def measure_basis(
     device: torch.device, l2_cache_bytes: int | None, settings: L2EvictSettings, race_jobs: int
 ) -> CreditBasis:
-    """L2, window and stock's real per-job buffer on ``device``.
-
-    Raises :class:`InstallError` when b12x fails the proof and has no fork API.
-    """
+    """L2, window and stock's real per-job buffer on ``device``; raises :class:`InstallError`
+    when b12x fails the proof and has no fork API."""
     l2 = device_l2_bytes(device) if l2_cache_bytes is None else l2_cache_bytes
     window = settings.window_bytes(l2)
     fork = fork_api()
