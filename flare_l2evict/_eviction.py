@@ -262,7 +262,7 @@ class WeightEviction:
         return None
 
     def _lone_hosts(self) -> list[int]:
-        """The ``_cdata`` of host tensors only this object holds: usually none, so none is made."""
+        """The ``_cdata`` of host tensors only this object holds (usually none: no storage made)."""
         lone: list[int] = []
         for tensor in self._hosts:
             if sys.getrefcount(tensor) <= _LONE_TENSOR_REFS + 1:  # +1: the loop's own name

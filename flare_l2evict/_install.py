@@ -1,7 +1,7 @@
 """Install a :class:`WeightEviction` into b12x's start-up races, credit it, offer it, undo it.
 
 An :class:`Installation`, handed its basis and its process (:class:`Holder`), owns all of
-that from then on, the offer's hand-off with ``startup_complete`` included.
+that from then on: the policies, the audit, the offer's hand-off with ``startup_complete``.
 """
 
 from __future__ import annotations

@@ -249,10 +249,10 @@ def _probe_disabled(row: SeamRow, original: SeamFunction) -> None:
 def prove_seam() -> SeamProof:
     """Check the loaded b12x against its stock row and return what an installation must replace.
 
-    Changes nothing. Checks the seam's signature in every loaded copy of b12x, that each
-    caller looks it up when it runs, that no class attribute or default argument holds the
-    original, and that a disabled call returns ``None``; other module-level bindings of the
-    original are returned as :class:`Binding`. Raises :class:`InstallError` with the fix.
+    Changes nothing. Checks the seam's signature in every loaded copy of b12x, that each caller
+    looks it up when it runs, that no class attribute or default argument holds the original, and
+    that a disabled call returns ``None``; other module-level bindings of the original are returned
+    as :class:`Binding`. Raises :class:`InstallError` with the reason and the fix.
     """
     if (problem := provider_problem()) is not None:  # no usable torch or b12x: say which
         raise InstallError(problem)
