@@ -45,11 +45,9 @@ class Column(Protocol[_T_co]):
 
 @dataclass(frozen=True)
 class Storages:
-    """What a caller knows of the resident tensors: one entry per tensor, in columns.
-
-    ``starts`` and ``skips`` (why a storage is never read, or ``None``) are asked
-    only of the largest storages, so they may be computed on demand.
-    """
+    """What a caller knows of the resident tensors: one entry per tensor, in columns; ``starts``
+    and ``skips`` (why a storage is never read, or ``None``) are asked only of the largest
+    storages, so they may be computed on demand."""
 
     names: Sequence[str]
     sizes: list[int]
@@ -225,11 +223,7 @@ class _Ranges:
 
 
 def choose_regions(
-    storages: Storages,
-    window_bytes: int,
-    exclude: Sequence[str] = (),
-    *,
-    where: str = "the device",
+    storages: Storages, window_bytes: int, exclude: Sequence[str] = (), *, where: str = "the device"
 ) -> RegionChoice:
     """The storages whose tail the eviction reads, largest first, until the window is covered.
 
@@ -252,15 +246,13 @@ def choose_regions(
     chosen, pieces = _tails(union.regions(), storages.starts, window_words)
     if pieces <= MAX_PIECES:
         return RegionChoice(window_bytes, tuple(chosen), sum(r.read_bytes for r in chosen), None)
-    return RegionChoice(
-        window_bytes,
-        (),
-        0,
+    too_many = (
         f"the {window_bytes:,}-byte eviction window on {where} would be read in more than "
         f"{MAX_PIECES} separate pieces (the largest eligible storages are small), one "
         "launch each before every race sample: slower than stock's single read; stock "
-        "b12x keeps its own buffer",
+        "b12x keeps its own buffer"
     )
+    return RegionChoice(window_bytes, (), 0, too_many)
 
 
 class _Gather:
@@ -454,10 +446,7 @@ def _borrowed_fix(why: str, names: list[str], count: int) -> str:
 
 
 def borrowed_line(why: str, names: Iterable[str], count: int) -> str:
-    """One line naming (bounded) the ``count`` tensors skipped as ``why``, with the fix.
-
-    ``why`` is ``"borrowed"`` or ``"file-mapped"``.
-    """
+    """One line naming (bounded) the ``count`` tensors skipped as ``why``, with the fix."""
     what, fix = _BORROWED_WORDS[why]
     return (
         f"{count:,} resident tensors are not read because their storage borrows memory "

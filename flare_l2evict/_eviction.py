@@ -43,13 +43,8 @@ _LONE_TENSOR_REFS = _lone_refs(lambda: torch.empty(1))
 
 
 def triton_started() -> bool:
-    """Whether this process has already paid Triton's start (import, and hashing its sources).
-
-    A fresh process pays about 0.7 s for its first Triton launch, even with the
-    kernel on disk; importing Triton alone is not enough (``triton_key`` must have run).
-    """
-    if "triton" not in sys.modules:
-        return False
+    """Whether this process already paid Triton's start (about 0.7 s, even with the kernel on
+    disk): importing Triton is not enough, ``triton_key`` (hashing its sources) must have run."""
     for home in ("triton.runtime.cache", "triton.compiler.compiler"):  # 3.6, older
         info = getattr(getattr(sys.modules.get(home), "triton_key", None), "cache_info", None)
         if callable(info):
@@ -61,10 +56,7 @@ def triton_started() -> bool:
 
 
 def _plain(tensor: torch.Tensor) -> bool:
-    """Whether reading the tensor's address runs no host code (no ``__torch_function__``).
-
-    Other tensors are checked through their storage only.
-    """
+    """Whether reading the tensor's address runs no host code (else only its storage is checked)."""
     found = getattr(type(tensor), "__torch_function__", None)
     default = torch.Tensor.__torch_function__.__func__  # type: ignore[attr-defined]
     return found is torch._C._disabled_torch_function_impl or (
@@ -81,21 +73,19 @@ class WeightEviction:
       timed sample and be captured in a CUDA graph; it writes only its own small
       float32 output, so calls from several race jobs may interleave;
     * what it keeps is made outside inference mode (races outside it work);
-    * it reads ``window_bytes`` (in whole float32 words) of distinct bytes, from
-      the end of each region, with the Triton read of :mod:`._read_kernel` (asked
-      for, or ``"auto"`` in a process that already runs Triton; compiled and run
-      once here) or else torch's reduction: :attr:`kernel` says which, and
-      :attr:`kernel_note` why;
-    * it holds the storages it reads (each owns its memory) until :meth:`release`,
-      and host tensors strongly, never by weak reference
-      (``torch.utils.swap_tensors`` refuses a tensor that has one);
-    * before every read it checks, in a few C calls per piece, that each storage
-      keeps its address and bytes, each host tensor still starts where it did,
-      and something besides this object holds each storage (:meth:`unheld`).
-      Otherwise (or after :meth:`release`) this and every later call run
-      ``fallback``, stock's own eviction, with one WARNING line;
-      :attr:`fell_back_reason` says why. A free between the check and the read
-      is outside the host contract (weights stay allocated until ``until``).
+    * it reads ``window_bytes`` (whole float32 words) of distinct bytes, from the end of
+      each region, with :mod:`._read_kernel`'s Triton read (asked for, or ``"auto"`` where
+      Triton already runs; compiled and run once here) or else torch's reduction:
+      :attr:`kernel` says which, :attr:`kernel_note` why;
+    * it holds the storages it reads (each owns its memory) until :meth:`release`, and
+      host tensors strongly, never by weak reference (``torch.utils.swap_tensors``
+      refuses a tensor that has one);
+    * before every read it checks, in a few C calls per piece, that each storage keeps its
+      address and bytes, each host tensor still starts where it did, and something besides
+      this object holds each storage (:meth:`unheld`); otherwise (or after :meth:`release`)
+      this and every later call run ``fallback``, stock's own eviction, with one WARNING
+      line (:attr:`fell_back_reason` says why). A free between the check and the read is
+      outside the host contract (weights stay allocated until ``until``).
     """
 
     def __init__(
@@ -204,7 +194,7 @@ class WeightEviction:
         return not self._views
 
     def _broken(self) -> str | None:
-        """What changed since the hook, in words (``None``: nothing); words only for a change."""
+        """What changed since the hook, in words (``None``: nothing)."""
         storages = self._storages
         for slot, address, needed, name in self._needed:
             try:
@@ -272,10 +262,7 @@ class WeightEviction:
         return None
 
     def _lone_hosts(self) -> list[int]:
-        """The storages (``_cdata``) of host tensors nothing but this object still holds.
-
-        One pass per read: usually empty, so no storage object is made.
-        """
+        """The ``_cdata`` of host tensors only this object holds (usually none: no storage made)."""
         lone: list[int] = []
         for tensor in self._hosts:
             if sys.getrefcount(tensor) <= _LONE_TENSOR_REFS + 1:  # +1: the loop's own name
@@ -284,11 +271,8 @@ class WeightEviction:
         return lone
 
     def unheld(self) -> str | None:
-        """Why a storage read is held by nothing but this object (``None``: every one is held).
-
-        Such memory is not the host's (a copy was passed, or the weights dropped).
-        Call once the hook holds no host mapping.
-        """
+        """Why a storage read is held by nothing but this object (``None``: every one is held);
+        call once the hook holds no host mapping."""
         slot = self._unheld_slot()
         if slot is None:
             return None
@@ -337,11 +321,8 @@ class WeightEviction:
 
 
 class EvictionHandle:
-    """What the seam hands one b12x race job: the shared eviction, counted while alive.
-
-    The installation counts handles alive at once, so the audit can hold
-    ``race_jobs`` to what the races really held together.
-    """
+    """What the seam hands one b12x race job: the shared eviction, counted while alive (the
+    audit holds ``race_jobs`` to the most handles alive at once)."""
 
     __slots__ = ("__weakref__", "eviction")
 

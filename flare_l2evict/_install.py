@@ -1,8 +1,7 @@
 """Install a :class:`WeightEviction` into b12x's start-up races, credit it, offer it, undo it.
 
-An :class:`Installation` is handed its basis and its process (:class:`Holder`)
-and owns everything about it from then on: the credit, its policies, the offer
-and its hand-off with ``startup_complete``, the audit and the restore.
+An :class:`Installation`, handed its basis and its process (:class:`Holder`), owns all of
+that from then on: the policies, the audit, the offer's hand-off with ``startup_complete``.
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ class Installation:
 
     Invariants the KV allocator relies on:
 
-    * :attr:`credit` is computed once, from the bytes the eviction really reads;
-      it is 0 unless the whole window is read;
+    * :attr:`credit` is computed once, from the bytes really read: 0 unless the whole window is;
     * once :meth:`offer` records the credit, the installation stays until
       :meth:`end` (``startup_complete``), whatever the allocator does; an
       :meth:`end` during the offer restores once ``add_reclaimed`` returned;
@@ -77,7 +75,6 @@ class Installation:
         self.basis: CreditBasis = patch.basis
         self.mechanism: Mechanism = "fork" if self.basis.fork is not None else "stock-seam"
         self.sources = sources
-        """What the eviction reads, per region, for the report."""
         self._eviction = eviction
         self._undo = undo
         self._patch = patch
@@ -133,12 +130,11 @@ class Installation:
     ) -> bool:
         """Hand ``report`` to the allocator once, if ``current()``; whether it was handed.
 
-        ``current`` and :attr:`restored` are asked under the process lock, so
-        ``startup_complete`` or ``restore()`` either came before (nothing offered)
-        or waits for ``add_reclaimed`` to return (a ``restore()`` after it is
-        audited). The credit is recorded before the call (it may apply from then
-        on); what the allocator raised is recorded, then raised again. ``add``
-        ``None``: a program keeps the report; the credit is recorded all the same.
+        ``current`` and :attr:`restored` are asked under the process lock, so ``startup_complete``
+        or ``restore()`` either came before (nothing offered) or waits for ``add_reclaimed`` to
+        return (a ``restore()`` after it is audited). The credit is recorded before the call (it
+        may apply from then on); what the allocator raised is recorded, then raised again.
+        ``add`` ``None``: a program keeps the report; the credit is recorded all the same.
         """
         try:
             with self._process.lock:
@@ -251,10 +247,8 @@ class Installation:
 def make_installation(
     choice: WeightChoice, basis: CreditBasis, process: Holder, words: Words, kernel: Kernel
 ) -> tuple[Installation, Callable[[], None]]:
-    """Make b12x's race jobs on ``choice.device`` read the chosen weights, on a measured basis.
-
-    Returns the installation, which changes nothing yet, and the step that does.
-    """
+    """Make b12x's race jobs on ``choice.device`` read the chosen weights, on a measured basis:
+    returns the installation, which changes nothing yet, and the step that does."""
     patch = Patch(basis, process)
     eviction = WeightEviction(
         choice,  # the fallback must not hold the choice: it holds the weights

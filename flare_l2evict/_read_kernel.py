@@ -1,12 +1,11 @@
 """The eviction's read kernel: a plain Triton read where Triton loads, ``None`` otherwise.
 
-Why: on an H200 torch's row reductions over a 120 MiB window reach 1.18 to
-1.21 x the HBM read floor, this read 1.09 x (BENCHMARKS.md). Invariants the
-eviction relies on: :func:`triton_reads` compiles and runs every launch before
-it returns (b12x's races forbid compiling inside a sample), so a later launch
-allocates nothing and can be captured in a CUDA graph; a launch only reads its
-view and writes at most ``len(partial)`` float32 sums; it covers at most
-``_MAX_ELEMENTS`` elements, so 32-bit offsets cannot overflow.
+Why: on an H200 torch's row reductions over a 120 MiB window reach 1.18 to 1.21 x the HBM read
+floor, this read 1.09 x (BENCHMARKS.md). Invariants the eviction relies on: :func:`triton_reads`
+compiles and runs every launch, and synchronises, before it returns (b12x's races forbid
+compiling inside a sample), so a later launch never synchronises, allocates nothing and can be
+captured in a CUDA graph; a launch only reads its view and writes at most ``len(partial)``
+float32 sums; it covers at most ``_MAX_ELEMENTS`` elements, so 32-bit offsets cannot overflow.
 """
 
 from __future__ import annotations
@@ -49,10 +48,8 @@ def _kernel() -> Any:
 def triton_reads(
     views: Sequence[torch.Tensor], partial: torch.Tensor
 ) -> tuple[list[Callable[[], None]] | None, str]:
-    """Warmed launchers reading ``views`` into ``partial``; ``(None, why)`` where Triton cannot.
+    """Warmed launchers reading ``views`` into ``partial``; ``(None, why)`` where Triton cannot."""
 
-    Synchronises once (the warm-up), never again.
-    """
     if partial.device.type != "cuda":
         return None, f"{partial.device} is not a CUDA device"
     try:

@@ -18,20 +18,16 @@ from ._text import described_value
 
 log = logging.getLogger("flare_l2evict.source")
 
-# Unbound C methods, mapped over whole lists at C speed; typed loosely for that use. Being
-# the C functions, they also ignore a subclass's overrides: a storage cannot say it holds
-# more than it does.
+# Unbound C methods (typed loosely), mapped over whole lists at C speed; being the C functions,
+# they ignore a subclass's overrides: a storage cannot say it holds more than it does.
 _storage_of: Callable[[Any], torch.UntypedStorage] = torch.Tensor.untyped_storage
 _storage_pointer: Callable[[Any], int] = torch.UntypedStorage.data_ptr
 _storage_nbytes: Callable[[Any], int] = torch.UntypedStorage.nbytes
 _storage_resizable: Callable[[Any], bool] = torch.UntypedStorage.resizable
 
 MAX_TENSORS = 250_000
-"""More resident tensors than any checkpoint shard holds (DeepSeek V3: ~92,000 in all).
-
-The hook's worst case grows linearly with it (5.2 s at the limit on the CI
-machine: ``benchmarks/hook_at_limits.py``).
-"""
+"""More resident tensors than any checkpoint shard holds (DeepSeek V3: ~92,000 in all); the hook's
+worst case grows linearly with it (5.2 s at the limit on CI: ``benchmarks/hook_at_limits.py``)."""
 MAX_NAME_CHARS = 16 << 20
 """Characters all resident tensor names may hold together: 250,000 names of 67 each."""
 _NAME_CHUNK = 1024
@@ -61,9 +57,8 @@ class WeightRegion:
 class WeightChoice:
     """The regions to read, largest first; together they cover ``window_bytes``.
 
-    Invariant: every piece lies on ``device`` inside a non-empty storage viewed by
-    no excluded tensor name, starts on a float32 boundary, and shares no byte
-    with any other piece.
+    Invariant: every piece lies on ``device`` inside a non-empty storage viewed by no excluded
+    tensor name, starts on a float32 boundary, and shares no byte with any other piece.
     """
 
     regions: tuple[WeightRegion, ...]
@@ -115,24 +110,19 @@ def _storages(
 
 @dataclass
 class ResidentStorages:
-    """Each resident tensor's name, storage (``None`` where unreadable) and value, by index.
-
-    ``skipped`` holds, per borrowed skip reason, the indices skipped for it (in order, once).
-    """
+    """Each resident tensor's name, storage (``None`` where unreadable) and value, by index."""
 
     names: list[str]
     storages: list[torch.UntypedStorage | None]
     tensors: list[object]
+    # Per borrowed skip reason, the indices skipped for it (in order, once).
     skipped: dict[str, dict[int, None]] = field(
         default_factory=lambda: {"borrowed": {}, "file-mapped": {}}
     )
 
 
 class _FileSpans:
-    """The process's file-backed mappings (``/proc/self/maps``), read when first asked.
-
-    Only a borrowed CPU storage asks.
-    """
+    """The process's file mappings (``/proc/self/maps``), read when a borrowed CPU storage asks."""
 
     def __init__(self) -> None:
         self._spans: tuple[list[int], list[int]] | None = None
@@ -188,11 +178,10 @@ def storages_of(
             held.skipped[reason][index] = None
             return reason
         found = storage.device
+        if found.type == "meta":
+            return "meta"
         if found not in verdicts:
-            if found.type == "meta":
-                verdicts[found] = "meta"
-            else:
-                verdicts[found] = None if same_device(found, device) else "other device"
+            verdicts[found] = None if same_device(found, device) else "other device"
         return verdicts[found]
 
     def start(index: int) -> int:
@@ -287,9 +276,8 @@ def weight_choice(
         for piece in source.pieces:
             storage, tensor = held.storages[piece.owner], held.tensors[piece.owner]
             assert storage is not None  # the decision reads only storages that exist
-            if not isinstance(tensor, torch.Tensor):
-                tensor = None
-            pieces.append(WeightPiece(storage, piece.offset, piece.nbytes, tensor))
+            host = tensor if isinstance(tensor, torch.Tensor) else None
+            pieces.append(WeightPiece(storage, piece.offset, piece.nbytes, host))
         regions.append(WeightRegion(source.name, source.storage_bytes, tuple(pieces)))
     for why, indices in held.skipped.items():
         if indices:

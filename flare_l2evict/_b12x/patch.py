@@ -99,10 +99,7 @@ class Patch:
         return None if proof is None else lambda: self.stock(proof, device, True)
 
     def step(self, eviction: WeightEviction, undo: list[Callable[[], None]]) -> Callable[[], None]:
-        """The step that patches b12x for ``eviction``; each undo lands in ``undo`` before it.
-
-        Fork-or-stock was asked once, by the basis (``basis.fork`` or ``basis.proof``).
-        """
+        """The step that patches b12x for ``eviction``; each undo lands in ``undo`` before it."""
         fork, proof = self.basis.fork, self.basis.proof
         if fork is not None:
             views = eviction.views()
@@ -122,7 +119,7 @@ class Patch:
     def _redirect(
         self, proof: SeamProof, eviction: WeightEviction, undo: list[Callable[[], None]]
     ) -> None:
-        """Replace every seam the proof found, each undo step registered in ``undo`` before it."""
+        """Replace every seam the proof found, and every other binding of it."""
         home = self.of(eviction.device)
         replacements: dict[int, SeamFunction] = {}
         for module, original in proof.seams:

@@ -47,10 +47,9 @@ class Binding:
 class SeamProof:
     """What :func:`prove_seam` found; :class:`~.patch.Patch` acts on it alone.
 
-    Invariant: every race code path of the loaded b12x that makes an eviction
-    reaches one of ``seams``' ``_l2_flush_fn`` at call time, either through
-    its module global or through one of ``bindings``. Replacing exactly those
-    names therefore hands every race the plugin's eviction.
+    Invariant: every race code path of the loaded b12x that makes an eviction reaches one of
+    ``seams``' ``_l2_flush_fn`` at call time, through its module global or one of
+    ``bindings``: replacing exactly those names hands every race the plugin's eviction.
     """
 
     seams: tuple[tuple[types.ModuleType, SeamFunction], ...]
@@ -85,11 +84,8 @@ def unwrap(function: Any) -> Any:
 
 
 def fork_api() -> Callable[..., Any] | None:
-    """The fork's API where the loaded b12x has it, its signature checked against its row.
-
-    Raises :class:`InstallError` on another shape: the plugin never hands storage
-    to a call it does not know.
-    """
+    """The fork's API where the loaded b12x has it, its signature checked against its row; raises
+    :class:`InstallError` on another shape: no storage goes to a call the plugin does not know."""
     for row in rows("fork"):
         function = row.loaded()
         if function is not None:
@@ -253,11 +249,10 @@ def _probe_disabled(row: SeamRow, original: SeamFunction) -> None:
 def prove_seam() -> SeamProof:
     """Check the loaded b12x against its stock row and return what an installation must replace.
 
-    Changes nothing. Checks the seam's signature in every loaded copy of b12x,
-    that each caller looks it up when it runs, that no class attribute or default
-    argument holds the original, and that a disabled call returns ``None``.
-    Other module-level bindings of the original are returned as :class:`Binding`.
-    Raises :class:`InstallError` with the reason and the fix.
+    Changes nothing. Checks the seam's signature in every loaded copy of b12x, that each caller
+    looks it up when it runs, that no class attribute or default argument holds the original, and
+    that a disabled call returns ``None``; other module-level bindings of the original are returned
+    as :class:`Binding`. Raises :class:`InstallError` with the reason and the fix.
     """
     if (problem := provider_problem()) is not None:  # no usable torch or b12x: say which
         raise InstallError(problem)
@@ -281,10 +276,8 @@ def prove_seam() -> SeamProof:
 
 
 def allocated(proof: SeamProof, device: torch.device) -> tuple[Flush | None, int]:
-    """One call of stock's seam on ``device`` and the bytes it allocated.
-
-    On CUDA, the caching allocator's growth; elsewhere, what the closure holds.
-    """
+    """One call of stock's seam on ``device`` and the bytes it allocated: on CUDA, the caching
+    allocator's growth; elsewhere, what the closure holds."""
     if device.type == "cuda":
         before = torch.cuda.memory_allocated(device)
         made = proof.row.call(proof.original, device, True)
@@ -352,15 +345,10 @@ def device_l2_bytes(device: torch.device) -> int:
 
 
 def measure_basis(
-    device: torch.device,
-    l2_cache_bytes: int | None,
-    settings: L2EvictSettings,
-    race_jobs: int,
+    device: torch.device, l2_cache_bytes: int | None, settings: L2EvictSettings, race_jobs: int
 ) -> CreditBasis:
-    """L2, window and stock's real per-job buffer on ``device``.
-
-    Raises :class:`InstallError` when b12x fails the proof and has no fork API.
-    """
+    """L2, window and stock's real per-job buffer on ``device``; raises :class:`InstallError`
+    when b12x fails the proof and has no fork API."""
     l2 = device_l2_bytes(device) if l2_cache_bytes is None else l2_cache_bytes
     window = settings.window_bytes(l2)
     fork = fork_api()

@@ -45,11 +45,9 @@ def _release(version: str) -> tuple[int, ...]:
 
 
 def provider_problem() -> str | None:
-    """One line naming what this environment has and what the plugin needs, or None.
-
-    None: torch is new enough and a b12x is importable (the seam proof decides).
-    Never raises, imports no b12x module and changes nothing.
-    """
+    """One line naming what this environment has and what the plugin needs, or None: torch is
+    new enough and a b12x is importable (the seam proof decides). Never raises, imports no b12x
+    module and changes nothing."""
     torch_version = running_torch_version()
     if torch_version is not None and _release(torch_version) < MIN_TORCH:
         needed = ".".join(map(str, MIN_TORCH))

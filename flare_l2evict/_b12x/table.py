@@ -19,11 +19,10 @@ ROOTS = ("b12x", "flashinfer.experimental.b12x")
 class SeamRow:
     """One b12x shape: where its eviction is made, how it is called, who calls it.
 
-    ``kind`` ``"fork"``: a function handed the storage (``None`` undoes);
-    ``"stock"``: the factory the races call, which the plugin replaces.
-    ``callers`` must look the function up at call time (those in ``optional`` may
-    be absent). ``device`` and ``enabled`` name the parameters :meth:`call` passes
-    (``enabled`` false: no eviction is made).
+    ``kind`` ``"fork"``: a function handed the storage (``None`` undoes); ``"stock"``: the
+    factory the races call, which the plugin replaces. ``callers`` must look the function up
+    at call time (those in ``optional`` may be absent). ``device`` and ``enabled`` name the
+    parameters :meth:`call` passes (``enabled`` false: no eviction is made).
     """
 
     name: str
