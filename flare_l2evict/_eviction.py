@@ -16,7 +16,7 @@ from ._credit import OUTPUT_ROWS, WORD
 from ._errors import WeightsError
 from ._log import say
 from ._read_kernel import triton_reads
-from ._text import shown
+from ._text import described, shown
 from ._weights import WeightChoice, WeightPiece
 
 log = logging.getLogger("flare_l2evict.eviction")
@@ -220,11 +220,8 @@ class WeightEviction:
                 )
         try:
             unheld = self.unheld()
-        except Exception:  # whatever broke the count, the weights read are not the host's
-            return (
-                f"a tensor of {shown(repr(self.source_name), 120)} no longer views the memory "
-                "read (set_, param.data = ..., or offloaded) after the hook"
-            )
+        except Exception as error:  # whatever broke the count, the weights cannot be vouched for
+            return f"counting the holders of the storages read raised {described(error, 200)}"
         return None if unheld is None else f"{unheld} after the hook"
 
     def _own_holds(self) -> list[tuple[int, int]]:

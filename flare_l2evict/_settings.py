@@ -77,7 +77,7 @@ class L2EvictSettings(BaseModel):
         # The eviction reads whole float32 words; a window it cannot read in full
         # would be credited for reads that never happen.
         if size is None or not (MIN_WINDOW_BYTES <= size <= MAX_WINDOW_BYTES and size % 4 == 0):
-            raise ValueError("not a size in range")
+            raise ValueError(f"use {ALLOWED['window']}")
         return size
 
     @field_validator("exclude", mode="before")
@@ -92,7 +92,7 @@ class L2EvictSettings(BaseModel):
             )
             or any(item.count("*") > MAX_PATTERN_STARS for item in value)
         ):
-            raise ValueError("not a list of at most 8 bounded globs")
+            raise ValueError(f"use {ALLOWED['exclude']}")
         return tuple(value)
 
 

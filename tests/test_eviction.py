@@ -81,6 +81,29 @@ def test_a_freed_storage_falls_back_with_one_warning(caplog: pytest.LogCaptureFi
     assert len([r for r in caplog.records if "falls back" in r.message]) == 1
 
 
+def test_a_holder_count_that_raises_falls_back_instead_of_failing_the_race(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # torch's C++ use count cannot be made to fail here: a stand-in raises in its place.
+    weights = torch.zeros(1024)
+    stock: list[str] = []
+    eviction = WeightEviction(
+        choose_weights({"w": weights}, "cpu", window_bytes=4096),
+        fallback=lambda: lambda: stock.append("stock"),
+    )
+
+    def use_count_stand_in(cdata: int) -> int:
+        raise RuntimeError("use count unavailable")
+
+    monkeypatch.setattr("flare_l2evict._eviction._use_count", use_count_stand_in)
+    with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
+        eviction()
+        eviction()
+    assert stock == ["stock", "stock"] and eviction.released
+    assert "RuntimeError: use count unavailable" in (eviction.fell_back_reason or "")
+    assert len([r for r in caplog.records if "falls back" in r.message]) == 1
+
+
 def test_release_drops_the_weights() -> None:
     from torch.multiprocessing.reductions import StorageWeakRef
 

@@ -232,3 +232,31 @@ def test_a_release_whose_seam_changed_its_signature_is_supported_by_adding_one_r
     assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES > 0
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
     assert cold._cold_l2(enabled=False, device=torch.device("cpu")) is None  # stock's again
+
+
+def test_a_stock_buffer_that_cannot_be_sized_credits_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_runtime: Callable[..., ReferenceRuntime],
+    weights: dict[str, torch.Tensor],
+) -> None:
+    # The seam's call works, but its closure holds a tensor whose storage cannot be read:
+    # what stock allocates is unknown, so no credit rests on the formula instead.
+    root = write_fake(tmp_path, l2=L2)
+    seam = root / "b12x" / "preparation" / "_measurement.py"
+    opaque = (
+        "\n    class Opaque(torch.Tensor):\n"
+        "        def untyped_storage(self):\n"
+        '            raise RuntimeError("no storage")\n\n'
+        "    buffer = buffer.as_subclass(Opaque)\n\n"
+        "    def flush():"
+    )
+    text = seam.read_text()
+    assert text.count("\n    def flush():") == 1
+    seam.write_text(text.replace("\n    def flush():", opaque))
+    use_fake(monkeypatch, root)
+    report = plugin_manager(["l2evict"]).hook.before_first_capture(
+        runtime=make_runtime(weights, l2_cache_bytes=L2, race_jobs=JOBS)
+    )[0]
+    assert report.reclaimed_bytes == 0 and "no storage" in (report.reason or "")
+    assert active_installation() is None

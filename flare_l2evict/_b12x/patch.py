@@ -17,7 +17,7 @@ import torch
 from .._errors import InstallError
 from .._eviction import EvictionHandle, WeightEviction
 from .._weights import same_device
-from .proof import MARK, CreditBasis, Flush, SeamFunction, SeamProof, allocated
+from .proof import MARK, CreditBasis, Flush, SeamFunction, SeamProof, allocated, held_bytes
 
 
 class Locked(Protocol):
@@ -85,9 +85,9 @@ class Patch:
         except Exception:
             if not fallback or target.type == "cuda":
                 raise
-            made, grown = None, 0
-        if made is None and target.type != "cuda":
-            grown = self.basis.stock.nbytes
+            made, grown = None, None
+        if grown is None:  # off CUDA; sized outside the guard, so a closure's fault is not hidden
+            grown = self.basis.stock.nbytes if made is None else held_bytes(made)
         entry = self.of(device)
         entry.stock_buffers += 1
         entry.stock_bytes += grown

@@ -275,15 +275,14 @@ def prove_seam() -> SeamProof:
     return SeamProof(tuple(seams), tuple(bindings), b12x, flashinfer, row)
 
 
-def allocated(proof: SeamProof, device: torch.device) -> tuple[Flush | None, int]:
-    """One call of stock's seam on ``device`` and the bytes it allocated: on CUDA, the caching
-    allocator's growth; elsewhere, what the closure holds."""
+def allocated(proof: SeamProof, device: torch.device) -> tuple[Flush | None, int | None]:
+    """One call of stock's seam on ``device`` and, on CUDA, the caching allocator's growth
+    (``None`` elsewhere: the caller sizes the closure, outside its guard of the call)."""
     if device.type == "cuda":
         before = torch.cuda.memory_allocated(device)
         made = proof.row.call(proof.original, device, True)
         return made, max(0, torch.cuda.memory_allocated(device) - before)
-    made = proof.row.call(proof.original, device, True)
-    return made, held_bytes(made)
+    return proof.row.call(proof.original, device, True), None
 
 
 def measure_stock_buffer(
@@ -294,11 +293,12 @@ def measure_stock_buffer(
     if cuda and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     try:
-        made, nbytes = allocated(proof, device)
+        made, grown = allocated(proof, device)
     except Exception:
         if cuda:
             raise
         return StockBuffer(stock_buffer_bytes(l2_cache_bytes), measured=False)
+    nbytes = held_bytes(made) if grown is None else grown  # a closure that cannot be sized raises
     del made
     if cuda:
         torch.cuda.empty_cache()
