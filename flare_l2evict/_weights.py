@@ -178,10 +178,11 @@ def storages_of(
             held.skipped[reason][index] = None
             return reason
         found = storage.device
-        if found.type == "meta":
-            return "meta"
-        if found not in verdicts:
-            verdicts[found] = None if same_device(found, device) else "other device"
+        if found not in verdicts:  # one dict lookup per call: it runs once per large storage
+            if found.type == "meta":
+                verdicts[found] = "meta"
+            else:
+                verdicts[found] = None if same_device(found, device) else "other device"
         return verdicts[found]
 
     def start(index: int) -> int:
