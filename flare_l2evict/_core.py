@@ -153,15 +153,19 @@ def _prepare(
             )
         local.basis = basis
         with clock.step("source"):
-            found, held = storages_of(request.tensors(), request.device)
+            found, held = storages_of(request.tensors(), request.device, request.words)
             choice = choose_regions(
-                found, basis.window_bytes, settings.exclude, where=str(request.device)
+                found,
+                basis.window_bytes,
+                settings.exclude,
+                where=str(request.device),
+                words=request.words,
             )
         if choice.shortfall is not None:
             local.credit = Credit(0, choice.shortfall)
             return
         with clock.step("install"):
-            chosen = weight_choice(choice, held, request.device)
+            chosen = weight_choice(choice, held, request.device, request.words)
             del found, held, choice  # the caller's mapping: not kept past the install
             made = PROCESS.install(chosen, basis, request.words, startup=startup)
             del chosen

@@ -16,6 +16,7 @@ from itertools import compress, groupby, islice
 from typing import Protocol, TypeVar
 
 from ._credit import WORD
+from ._report import HOST, Words
 from ._text import shown
 
 SKIP_REASONS = (
@@ -223,7 +224,12 @@ class _Ranges:
 
 
 def choose_regions(
-    storages: Storages, window_bytes: int, exclude: Sequence[str] = (), *, where: str = "the device"
+    storages: Storages,
+    window_bytes: int,
+    exclude: Sequence[str] = (),
+    *,
+    where: str = "the device",
+    words: Words = HOST,
 ) -> RegionChoice:
     """The storages whose tail the eviction reads, largest first, until the window is covered.
 
@@ -241,7 +247,7 @@ def choose_regions(
     union = _Gather(storages, excluded, window_bytes).union() if total >= window_words else None
     if union is None or union.readable < window_words:
         return RegionChoice(
-            window_bytes, (), 0, _shortfall(storages, window_bytes, excluded, where)
+            window_bytes, (), 0, _shortfall(storages, window_bytes, excluded, where, words)
         )
     chosen, pieces = _tails(union.regions(), storages.starts, window_words)
     if pieces <= MAX_PIECES:
@@ -381,7 +387,9 @@ def _excluded_ranges(storages: Storages, exclude: Sequence[str]) -> list[tuple[i
     ]
 
 
-def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: str) -> str:
+def _shortfall(
+    storages: Storages, window_bytes: int, excluded: _Ranges, where: str, words: Words
+) -> str:
     """The one line saying why the eligible storages cannot cover the window."""
     counts = dict.fromkeys(SKIP_REASONS, 0)
     named: dict[str, list[str]] = {"borrowed": [], "file-mapped": []}
@@ -413,7 +421,9 @@ def _shortfall(storages: Storages, window_bytes: int, excluded: _Ranges, where: 
         f"{len(ranges):,} eligible storages hold {distinct:,} distinct bytes"
         + (f" (tensors skipped: {skipped})" if skipped else "")
         + "; stock b12x keeps its own buffer"
-        + "".join(_borrowed_fix(why, names, counts[why]) for why, names in named.items() if names)
+        + "".join(
+            _borrowed_fix(why, names, counts[why], words) for why, names in named.items() if names
+        )
     )
 
 
@@ -423,13 +433,12 @@ _NAMED = 3
 _BORROWED_WORDS = {  # skip reason -> what it is, and the fix
     "borrowed": (
         "a storage that does not own its memory: a slice base[a:b], from_blob, DLPack, IPC",
-        "include a tensor over the owning storage in resident_tensors(), or allocate the "
-        "weights with torch",
+        "include a tensor over the owning storage in {tensors}, or allocate the weights with torch",
     ),
     "file-mapped": (
         "memory mapped from a file, an mmap: torch.load(mmap=True), safetensors on the CPU",
         "load the weights into memory torch allocates (torch.load without mmap=True, or "
-        ".clone() the mapped tensors) before before_first_capture",
+        ".clone() the mapped tensors) before {began}",
     ),
 }
 
@@ -440,16 +449,20 @@ def _named(names: Iterable[str], count: int) -> str:
     return listed + (f" and {count - _NAMED:,} more" if count > _NAMED else "")
 
 
-def _borrowed_fix(why: str, names: list[str], count: int) -> str:
+def _borrowed_fix(why: str, names: list[str], count: int, words: Words) -> str:
     what, fix = _BORROWED_WORDS[why]
-    return f"; {why} ({what}): {_named(names, count)}; fix: {fix}"
+    return f"; {why} ({what}): {_named(names, count)}; fix: {_fix(fix, words)}"
 
 
-def borrowed_line(why: str, names: Iterable[str], count: int) -> str:
+def _fix(fix: str, words: Words) -> str:
+    return fix.format(tensors=words.tensors, began=words.began)
+
+
+def borrowed_line(why: str, names: Iterable[str], count: int, words: Words = HOST) -> str:
     """One line naming (bounded) the ``count`` tensors skipped as ``why``, with the fix."""
     what, fix = _BORROWED_WORDS[why]
     return (
         f"{count:,} resident tensors are not read because their storage borrows memory "
         f"({what}), which its owner can free, move or unmap under the eviction: "
-        f"{_named(names, count)}; fix: {fix}"
+        f"{_named(names, count)}; fix: {_fix(fix, words)}"
     )

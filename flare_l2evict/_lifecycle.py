@@ -34,11 +34,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Startup:
-    """One start-up: the runtime it belongs to, who runs it, what it installed and reported.
-
-    The runtime is held weakly where it allows it, so a start-up that fell back
-    keeps no host object alive.
-    """
+    """One start-up: its runtime (held weakly where it allows, so a start-up that fell back
+    keeps no host object alive), who runs it, what it installed and reported."""
 
     owner: Callable[[], object]
     thread: int
@@ -116,10 +113,8 @@ class Process:
                 self.startup = None
 
     def end(self, runtime: object | None, force: bool = False) -> tuple[Startup | None, str | None]:
-        """End the start-up ``runtime`` ends (:meth:`Startup.ends_with`), or say why not.
-
-        ``force`` (:func:`flare_l2evict.plugin.finish`) ends any.
-        """
+        """End the start-up ``runtime`` ends (:meth:`Startup.ends_with`), or say why not
+        (``force``, :func:`flare_l2evict.plugin.finish`: any)."""
         with self.lock:
             startup = self.startup
             if startup is None or force or startup.ends_with(runtime):
@@ -180,20 +175,9 @@ PROCESS = Process()
 os.register_at_fork(after_in_child=PROCESS.after_fork_in_child)
 
 
-def install(
-    choice: WeightChoice, basis: CreditBasis, *, kernel: Kernel = "auto", words: Words | None = None
-) -> Installation:
-    """Install ``choice`` in this process on a measured ``basis`` (see :meth:`Process.install`)."""
-    from ._report import HOST
-
-    return PROCESS.install(choice, basis, words or HOST, kernel)
-
-
 def ensure_ended(runtime: object | None, force: bool) -> None:
-    """End what ``startup_complete(runtime)`` ends, and what is installed once no start-up is.
-
-    Idempotent: ``startup_complete`` calls it last, from a ``finally``.
-    """
+    """End what ``startup_complete(runtime)`` ends, and what is installed once no start-up is
+    (idempotent: ``startup_complete`` calls it last, from a ``finally``)."""
     PROCESS.end(runtime, force)
     with PROCESS.lock:
         made = PROCESS.installed if PROCESS.startup is None else None
@@ -207,11 +191,8 @@ def active_installation() -> Installation | None:
 
 
 def restore() -> None:
-    """Put stock b12x back and release the weights, whatever is installed. Idempotent.
-
-    While a start-up's credit stands, later races allocate stock buffers the
-    allocator was promised: ``startup_complete``'s audit names them as SHORTFALL.
-    """
+    """Put stock b12x back and release the weights, whatever is installed. Idempotent. While a
+    credit stands, later races' stock buffers are the audit's SHORTFALL."""
     installation = PROCESS.installed
     if installation is not None:
         installation.restore()

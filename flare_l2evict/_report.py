@@ -10,16 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validat
 
 @dataclass(frozen=True)
 class Words:
-    """How a line names the caller's side: a host's hooks, or a program's ``with`` block.
-
-    Where the credit began and what ends it; the fix that sets the race jobs
-    (``{}``: the number); what names the resident tensors; where races must run.
-    """
+    """How a line names the caller's side, a host's hooks or a program's ``with`` block
+    (``race_jobs``' ``{}``: the number)."""
 
     began: str
     ends: str
     race_jobs: str
     resident: str
+    tensors: str
+    loaded: str
+    by_name: str
     races: str
 
 
@@ -28,6 +28,9 @@ HOST = Words(
     "startup_complete",
     "set runtime.race_jobs to {}",
     "resident_tensors() must return the tensors the model keeps resident",
+    "resident_tensors()",
+    "the host must call before_first_capture after the checkpoint is loaded onto the device",
+    "the host must return this rank's checkpoint tensors, by name",
     "if this host races, call startup_complete after its last race (a race after it "
     "allocates stock buffers out of the KV cache's memory)",
 )
@@ -36,6 +39,9 @@ PROGRAM = Words(
     "the end of the evicting_from block",
     "pass race_jobs={}",
     "pass evicting_from the tensors the program keeps resident",
+    "evicting_from's tensors",
+    "pass evicting_from the tensors the program keeps resident, once they are loaded",
+    "pass evicting_from the tensors the program keeps resident, by name",
     "if this program races, run its races inside the block (a race after it allocates "
     "a stock buffer of its own)",
 )
@@ -172,6 +178,9 @@ class StartupAudit(BaseModel):
     )
     devices: tuple[DeviceAudit, ...] = ()
     shortfall_bytes: NonNegativeInt = 0
+    refused: str | None = Field(
+        default=None, description="Why this call ended nothing (another start-up is active)."
+    )
     fallback_reason: str | None = Field(
         default=None,
         description="Why the eviction stopped reading the weights mid-start-up (the host freed, "
@@ -191,6 +200,8 @@ class StartupAudit(BaseModel):
 
     def summary(self, words: Words = HOST) -> str:
         """One line for the start-up log (``words``: a program's block names its own)."""
+        if self.refused:
+            return self.refused
         if self.mechanism == "none":
             return "nothing was installed; stock b12x ran its races"
         if not self.counted:

@@ -87,13 +87,17 @@ class L2EvictSettings(BaseModel):
             isinstance(value, str)
             or not isinstance(value, list | tuple)
             or len(value) > MAX_EXCLUDE_PATTERNS
-            or not all(
-                isinstance(item, str) and 0 < len(item) <= MAX_PATTERN_CHARS for item in value
-            )
-            or any(item.count("*") > MAX_PATTERN_STARS for item in value)
         ):
             raise ValueError(f"use {ALLOWED['exclude']}")
-        return tuple(value)
+        # Plain text first: a str subclass's len and count could lie about the limits.
+        items = tuple(str.__str__(item) if isinstance(item, str) else item for item in value)
+        if (
+            len(items) > MAX_EXCLUDE_PATTERNS
+            or not all(isinstance(i, str) and 0 < len(i) <= MAX_PATTERN_CHARS for i in items)
+            or any(item.count("*") > MAX_PATTERN_STARS for item in items)
+        ):
+            raise ValueError(f"use {ALLOWED['exclude']}")
+        return items
 
 
 _PROBLEMS_SHOWN = 3  # a section of 10,000 bad keys still gives one short line

@@ -124,11 +124,8 @@ def _wants_raise(runtime: object) -> bool:
 
 
 def finish(runtime: object | None = None, *, force: bool = False) -> StartupAudit:
-    """``startup_complete``: audit, stock b12x back, no reference to the weights.
-
-    Ends only the start-up ``runtime`` ends (``force``: any); any other call changes
-    nothing and logs one line. Never raises an ``Exception``.
-    """
+    """``startup_complete``: audit, stock b12x back, no reference to the weights. Ends only
+    the start-up ``runtime`` ends (``force``: any), else one line; never raises an ``Exception``."""
     try:
         return _finish(runtime, force)
     except Exception as error:  # never the host's problem: one line, stock b12x put back
@@ -142,7 +139,7 @@ def _finish(runtime: object | None, force: bool) -> StartupAudit:
     ended, refusal = PROCESS.end(runtime, force)
     if refusal is not None:
         say(log, logging.WARNING, "flare_l2evict: %s", refusal)
-        return StartupAudit(mechanism="none")
+        return StartupAudit(mechanism="none", refused=refusal)
     installation = ended.installation if ended is not None else None
     if installation is None or (installation.restored and not installation.offered_bytes):
         installation = PROCESS.installed

@@ -14,6 +14,7 @@ import torch
 from ._decision import RegionChoice, Storages, borrowed_line
 from ._errors import WeightsError
 from ._log import say
+from ._report import HOST, Words
 from ._text import described_value
 
 log = logging.getLogger("flare_l2evict.source")
@@ -82,7 +83,7 @@ def same_device(a: torch.device, b: torch.device) -> bool:
 
 
 def _storages(
-    names: list[str], values: list[object]
+    names: list[str], values: list[object], words: Words
 ) -> tuple[list[torch.UntypedStorage | None], list[int]]:
     """Each tensor's storage (``None`` where it has no readable one) and its size in bytes."""
     # A subclass's __torch_function__ could answer untyped_storage() with memory only the
@@ -98,7 +99,7 @@ def _storages(
             if not isinstance(value, torch.Tensor):
                 raise WeightsError(
                     f"resident tensor {name!r:.200} is a {type(value).__name__}, not a "
-                    "torch.Tensor; fix: the host's resident_tensors() must map names to tensors"
+                    f"torch.Tensor; fix: {words.tensors} must map names to tensors"
                 )
             try:
                 found.append(_storage_of(value))
@@ -150,7 +151,7 @@ class _FileSpans:
 
 
 def storages_of(
-    tensors: Mapping[str, torch.Tensor], device: torch.device
+    tensors: Mapping[str, torch.Tensor], device: torch.device, words: Words = HOST
 ) -> tuple[Storages, ResidentStorages]:
     """The decision's view of ``tensors`` (sizes, address ranges, skips), and their storages.
 
@@ -158,8 +159,8 @@ def storages_of(
     ``from_blob``, DLPack, IPC) is skipped as ``"borrowed"`` (``"file-mapped"`` for a
     CPU file mapping): its owner could free or move the memory under the eviction.
     """
-    names, values = _names_and_values(tensors)
-    storages, sizes = _storages(names, values)
+    names, values = _names_and_values(tensors, words)
+    storages, sizes = _storages(names, values, words)
     verdicts: dict[torch.device, str | None] = {}
     held = ResidentStorages(names, storages, values)
     files = _FileSpans()
@@ -194,32 +195,31 @@ def storages_of(
     return Storages(names, sizes, _PerIndex(start), _PerIndex(skip)), held
 
 
-def _names_and_values(tensors: Mapping[str, torch.Tensor]) -> tuple[list[str], list[object]]:
+def _names_and_values(
+    tensors: Mapping[str, torch.Tensor], words: Words
+) -> tuple[list[str], list[object]]:
     """The mapping's names (plain ``str``) and values, bounded by :data:`MAX_TENSORS`."""
-    names = _bounded_names(tensors)
+    names = _bounded_names(tensors, words)
     if not names:
-        raise WeightsError(
-            "no resident checkpoint tensors; fix: the host must call before_first_capture "
-            "after the checkpoint is loaded onto the device"
-        )
+        raise WeightsError(f"no resident checkpoint tensors; fix: {words.loaded}")
     if set(map(type, names)) != {str}:
         odd = next((n for n in names if not isinstance(n, str)), None)
         if odd is not None:
             raise WeightsError(
                 f"resident tensor name {described_value(odd)} has type {type(odd).__name__}, "
-                "not str; fix: the host's resident_tensors() must map names (str) to tensors"
+                f"not str; fix: {words.tensors} must map names (str) to tensors"
             )
         # str subclasses of the host's: plain copies, so ordering and echoes are str's own.
         names = [str.__str__(name) for name in names]
     values: list[object] = list(islice(tensors.values(), len(names)))
     if len(values) != len(names):
         raise WeightsError(
-            "resident_tensors() gave fewer values than names; fix: return a plain mapping"
+            f"{words.tensors} gave fewer values than names; fix: use a plain mapping"
         )
     return names, values
 
 
-def _bounded_names(tensors: Mapping[str, torch.Tensor]) -> list[Any]:
+def _bounded_names(tensors: Mapping[str, torch.Tensor], words: Words) -> list[Any]:
     """The mapping's keys, refused past :data:`MAX_TENSORS` names or :data:`MAX_NAME_CHARS`."""
     keys = iter(tensors)
     found: list[Any] = []
@@ -233,14 +233,13 @@ def _bounded_names(tensors: Mapping[str, torch.Tensor]) -> list[Any]:
         found += chunk
         if len(found) > MAX_TENSORS:
             raise WeightsError(
-                f"resident_tensors() holds more than {MAX_TENSORS:,} names; fix: the host must "
-                "return this rank's checkpoint tensors, by name"
+                f"{words.tensors} holds more than {MAX_TENSORS:,} names; fix: {words.by_name}"
             )
         if chars > MAX_NAME_CHARS:
             raise WeightsError(
-                f"resident_tensors()'s names hold more than {MAX_NAME_CHARS:,} characters "
+                f"the names of {words.tensors} hold more than {MAX_NAME_CHARS:,} characters "
                 f"(after {len(found):,} names; a checkpoint's names are under 100 characters "
-                "each); fix: the host must return this rank's checkpoint tensors, by name"
+                f"each); fix: {words.by_name}"
             )
     return found
 
@@ -268,7 +267,7 @@ def _readable(storage: torch.UntypedStorage | None) -> bool:
 
 
 def weight_choice(
-    choice: RegionChoice, held: ResidentStorages, device: torch.device
+    choice: RegionChoice, held: ResidentStorages, device: torch.device, words: Words = HOST
 ) -> WeightChoice:
     """The decision's regions as torch storages to read."""
     regions = []
@@ -282,6 +281,7 @@ def weight_choice(
         regions.append(WeightRegion(source.name, source.storage_bytes, tuple(pieces)))
     for why, indices in held.skipped.items():
         if indices:
-            line = borrowed_line(why, map(held.names.__getitem__, indices), len(indices))
+            names = map(held.names.__getitem__, indices)
+            line = borrowed_line(why, names, len(indices), words)
             say(log, logging.INFO, "flare_l2evict: %s", line)
     return WeightChoice(tuple(regions), choice.window_bytes, device)

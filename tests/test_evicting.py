@@ -307,3 +307,43 @@ def test_on_error_raise_still_raises_for_a_program_argument() -> None:
         ),
     ):
         raise AssertionError("the block must not run")
+
+
+@pytest.mark.parametrize(
+    ("tensors", "named"),
+    [
+        ({"w": torch.zeros(8), "scale": 0.5}, "evicting_from's tensors must map names"),
+        ({}, "pass evicting_from the tensors the program keeps resident"),
+        ({3: torch.zeros(8)}, "evicting_from's tensors must map names (str)"),
+        # Slices of a storage without its base: borrowed; the fix names the block's argument.
+        ("borrowed", "owning storage in evicting_from's tensors"),
+    ],
+    ids=["non-tensor", "empty", "non-str-name", "borrowed"],
+)
+def test_a_bad_mapping_is_named_in_the_programs_words(
+    tensors: dict[object, object] | str, named: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The device is given, so the mapping reaches the choice itself (issue 27: every line
+    # a program sees names its own arguments, never the host's resident_tensors()).
+    base = torch.zeros(192 * MiB // 4).untyped_storage()
+    if tensors == "borrowed":
+        half = 96 * MiB
+        tensors = {
+            f"w{i}": torch.empty(0).set_(base[i * half : (i + 1) * half], 0, (half // 4,), (1,))
+            for i in range(2)
+        }
+    with (
+        caplog.at_level(logging.INFO, logger="flare_l2evict"),
+        flare_l2evict.evicting_from(
+            tensors,  # type: ignore[arg-type]
+            race_jobs=2,
+            device="cpu",
+            l2_cache_bytes=L2,
+        ) as report,
+    ):
+        assert report.reclaimed_bytes == 0 and named in (report.reason or ""), report.reason
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("flare_l2evict")]
+    for line in [*lines, report.reason or ""]:
+        assert "resident_tensors" not in line and "before_first_capture" not in line, line
+        assert "runtime." not in line and "startup_complete" not in line, line
+    assert active_installation() is None

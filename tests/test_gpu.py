@@ -31,10 +31,9 @@ from benchmarks.bench._probe import spacer
 from flare_l2evict._b12x.proof import CreditBasis, measure_basis
 from flare_l2evict._credit import READ_KERNEL_BYTES, stock_window_bytes
 from flare_l2evict._eviction import Kernel, WeightEviction
-from flare_l2evict._lifecycle import install
 from flare_l2evict._settings import L2EvictSettings
 from flare_l2evict._weights import WeightChoice
-from flare_l2evict.tools._choose_weights import choose_weights
+from flare_l2evict.tools._choose_weights import choose_weights, install
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, example_tensors
 
 pytestmark = pytest.mark.gpu

@@ -48,11 +48,11 @@ import flare_l2evict
 from flare_l2evict import L2EvictError, ReclaimReport, plugin
 from flare_l2evict._b12x.proof import measure_basis
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._lifecycle import active_installation, install
+from flare_l2evict._lifecycle import active_installation
 from flare_l2evict._settings import L2EvictSettings
 from flare_l2evict._weights import MAX_TENSORS
 from flare_l2evict.hookspecs import RUNTIME_ATTRIBUTES
-from flare_l2evict.tools._choose_weights import choose_weights
+from flare_l2evict.tools._choose_weights import choose_weights, install
 from flare_l2evict.tools.reference_host import plugin_manager
 
 measurement = pytest.importorskip("b12x.preparation._measurement")

@@ -14,9 +14,9 @@ from support.figures import MiB
 from flare_l2evict._b12x.proof import CreditBasis, SeamProof, StockBuffer, prove_seam
 from flare_l2evict._errors import InstallError
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._lifecycle import active_installation, install
+from flare_l2evict._lifecycle import active_installation
 from flare_l2evict._weights import WeightChoice
-from flare_l2evict.tools._choose_weights import choose_weights
+from flare_l2evict.tools._choose_weights import choose_weights, install
 
 measurement = pytest.importorskip("b12x.preparation._measurement")
 STOCK = measurement._l2_flush_fn

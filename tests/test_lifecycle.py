@@ -137,6 +137,8 @@ def test_a_second_models_startup_complete_does_not_end_the_first_start_up(
     assert line.levelno == logging.WARNING and "changed nothing" in line.getMessage()
     assert "\n" not in line.getMessage()
     assert audit.mechanism == "none" and audit.credited_bytes == 0
+    # The audit a host logs says what the line says, not "nothing was installed".
+    assert audit.refused and audit.summary() in line.getMessage()
     installation = active_installation()
     assert installation is not None and installation.offered_bytes == CREDIT
     assert seam_is_ours()  # A's races still read A's weights

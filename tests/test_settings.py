@@ -307,6 +307,23 @@ def test_exclude_is_bounded(exclude: list[str], problem: str) -> None:
         settings({"plugins": {"l2evict": {"exclude": exclude}}})
 
 
+class LyingGlobStandIn(str):
+    """A glob whose ``len`` and ``count`` under-report (a host's str subclass)."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def count(self, *args: object) -> int:
+        return 0
+
+
+def test_a_str_subclass_cannot_lie_its_way_past_the_exclude_limits() -> None:
+    with pytest.raises(ConfigError, match="at most 1,000 characters"):
+        settings({"plugins": {"l2evict": {"exclude": [LyingGlobStandIn("*x" * 3000)]}}})
+    kept = settings({"plugins": {"l2evict": {"exclude": [LyingGlobStandIn("a.*")]}}}).exclude
+    assert kept == ("a.*",) and type(kept[0]) is str
+
+
 def test_a_fifo_config_is_not_a_regular_file_and_does_not_block(tmp_path: Path) -> None:
     fifo = tmp_path / "deploy.toml"
     os.mkfifo(fifo)
@@ -340,3 +357,9 @@ def test_a_checkpoint_passed_as_config_is_refused_before_decoding(tmp_path: Path
     wrong.write_bytes(b"\0" * 2 * MiB)
     with pytest.raises(ConfigError, match="2,097,152 bytes, over"):
         load_deployment_config(wrong)
+
+
+@pytest.mark.parametrize("path", [3, None, b"deploy.json"], ids=["int", "none", "bytes"])
+def test_a_config_path_that_is_no_path_is_one_line(path: object) -> None:
+    with pytest.raises(ConfigError, match="not text or a path; fix: pass the deployment config"):
+        load_deployment_config(path)  # type: ignore[arg-type]

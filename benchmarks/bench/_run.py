@@ -24,10 +24,10 @@ import torch
 from flare_l2evict._b12x.proof import measure_basis
 from flare_l2evict._credit import stock_window_bytes
 from flare_l2evict._eviction import Kernel, WeightEviction
-from flare_l2evict._lifecycle import install, restore
+from flare_l2evict._lifecycle import restore
 from flare_l2evict._settings import L2EvictSettings
 from flare_l2evict._weights import WeightChoice
-from flare_l2evict.tools._choose_weights import choose_weights
+from flare_l2evict.tools._choose_weights import choose_weights, install
 from flare_l2evict.tools._origin import stock_row
 
 from . import _coldness

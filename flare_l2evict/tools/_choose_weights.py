@@ -1,4 +1,4 @@
-"""Choose weights in one call, raising on a shortfall: for the bench and the tests.
+"""Choose weights in one call, raising on a shortfall, and install them: for the bench and tests.
 
 A server's start-up never calls this; it runs :func:`~flare_l2evict._weights.storages_of`,
 :func:`~flare_l2evict._decision.choose_regions` and
@@ -12,8 +12,13 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from .._b12x.proof import CreditBasis
 from .._decision import choose_regions
 from .._errors import WeightsError
+from .._eviction import Kernel
+from .._install import Installation
+from .._lifecycle import PROCESS
+from .._report import HOST, Words
 from .._weights import WeightChoice, storages_of, weight_choice
 
 
@@ -39,3 +44,10 @@ def choose_weights(
     if choice.shortfall is not None:
         raise WeightsError(choice.shortfall)
     return weight_choice(choice, storages, device)
+
+
+def install(
+    choice: WeightChoice, basis: CreditBasis, *, kernel: Kernel = "auto", words: Words = HOST
+) -> Installation:
+    """Install ``choice`` in this process on a measured ``basis`` (see ``Process.install``)."""
+    return PROCESS.install(choice, basis, words, kernel)

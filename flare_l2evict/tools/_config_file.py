@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
-from .._text import literal, shown
+from .._text import described_value, literal, shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,6 +36,11 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
     YAML anchors and aliases are refused (an alias bomb, a self-alias). Raises
     :class:`ConfigError` naming the file and the problem in one bounded line.
     """
+    if not isinstance(path, str | os.PathLike) or isinstance(path, bytes):
+        raise ConfigError(
+            f"the config path is {described_value(path, 80)}, not text or a path; fix: pass "
+            "the deployment config file's path"
+        )
     path = Path(path)
     where = shown(str(path))
     suffix = path.suffix.lower()
