@@ -173,6 +173,8 @@ ARGPARSE_CASES: list[tuple[list[str], str]] = [
     (["plan", "x", "--split-dim", "-1"], "'-1' must be between 0 and 64"),
     (["plan", "x", "--split-dim", "65"], "'65' must be between 0 and 64"),
     (["plan", "x", "--split-dim", "1.5"], "'1.5' is not a whole number"),
+    # ASCII digits only: int() reads a fullwidth "９" as 9, no operator means it.
+    (["startup", "--race-jobs", "\uff19"], "'\uff19' is not a whole number"),
     (
         ["plan", "x", "--tp", "9" * 100_000],
         "'9999999999999999999999...[100,000 chars]' must be between 1 and 1,024",

@@ -60,8 +60,9 @@ def whole_number_in(low: int, limit: int) -> Any:
 
     def parse(text: str) -> int:
         # 30 characters hold any number in range; int() of a longer one only costs time.
+        # ASCII digits only, as in a window's size: int() would read "９" too.
         try:
-            value = int(text) if len(text) <= 30 else None
+            value = int(text) if len(text) <= 30 and text.isascii() else None
         except ValueError:
             value = None
         if value is None and not _WHOLE.match(text):
@@ -75,7 +76,7 @@ def whole_number_in(low: int, limit: int) -> Any:
     return parse
 
 
-_WHOLE = re.compile(r"^\s*[+-]?\d+\s*$")
+_WHOLE = re.compile(r"^\s*[+-]?[0-9]+\s*$")
 _DEVICE = re.compile(r"^(cpu|cuda(:\d{1,3})?)$")
 
 
