@@ -28,9 +28,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _stock_b12x_after_each_test() -> Iterator[None]:
     """No test leaks an installed eviction or a plugin start-up into the next."""
     yield
-    from flare_l2evict import plugin
+    from support.startups import end_any
 
-    plugin.finish()
+    end_any()
     flare_l2evict.restore()
 
 

@@ -24,10 +24,10 @@ _EXPORTS: dict[str, str] = {
     "PluginNotFoundError": "_errors",
     "RuntimeContractError": "_errors",
     "WeightsError": "_errors",
-    "restore": "_lifecycle",
+    "restore": "_startup",
     "hookimpl": "_markers",
     "hookspec": "_markers",
-    "evicting_from": "_evicting",
+    "evicting_from": "_program",
     "DeviceAudit": "_report",
     "ReclaimReport": "_report",
     "RegionRead": "_report",
@@ -65,12 +65,11 @@ if TYPE_CHECKING:
         RuntimeContractError as RuntimeContractError,
         WeightsError as WeightsError,
     )
-    from ._evicting import evicting_from as evicting_from
-    from ._lifecycle import restore as restore
     from ._markers import (
         hookimpl as hookimpl,
         hookspec as hookspec,
     )
+    from ._program import evicting_from as evicting_from
     from ._report import (
         DeviceAudit as DeviceAudit,
         ReclaimReport as ReclaimReport,
@@ -78,6 +77,7 @@ if TYPE_CHECKING:
         StartupAudit as StartupAudit,
     )
     from ._settings import L2EvictSettings as L2EvictSettings
+    from ._startup import restore as restore
     from .hookspecs import (
         FlareRuntime as FlareRuntime,
         FlareStartupSpec as FlareStartupSpec,

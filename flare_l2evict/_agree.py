@@ -8,7 +8,6 @@ ended is what every rank reads.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -43,27 +42,30 @@ class Agreement:
 AGREE_TIMEOUT_S = 120.0
 """Seconds a rank waits for the other ranks' votes; then the missing ones are voted out (0)."""
 
-_ROUNDS = itertools.count()
-"""Every rank's n-th :func:`agree` is the same start-up, whose votes get keys of their own."""
 _LATE = "late"
 _PREFIX = "flare_l2evict/agree"
 
 
-def settings_digest(settings: L2EvictSettings | None) -> tuple[str, dict[str, Any]]:
-    """A short digest of the settings, so ranks can tell they were configured alike."""
+def settings_digest(
+    settings: L2EvictSettings | None, kv_sizing: str = "reserved"
+) -> tuple[str, dict[str, Any]]:
+    """A short digest of the settings and the host's KV sizing, so ranks can tell they were
+    configured alike (one *measured* rank and one *reserved* is a contract error)."""
     dumped = {} if settings is None else settings.model_dump(mode="json")
+    if kv_sizing != "reserved":  # the digest of a reserved host is what it always was
+        dumped = {**dumped, "kv_sizing": kv_sizing}
     text = json.dumps(dumped, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12], dumped
 
 
-def agree(outcome: RankOutcome, group: dist.ProcessGroup | None) -> Agreement:
+def agree(outcome: RankOutcome, group: dist.ProcessGroup | None, number: int) -> Agreement:
     """The minimum reclaimed bytes over the ranks of ``group``; the same on every rank.
 
     Every rank must call this exactly once per start-up, a faulted one with a zero outcome, so
     nobody waits on a rank that gave up. Ranks whose settings differ, or that miss the wait,
-    make the agreed figure 0 and are named.
+    make the agreed figure 0 and are named. ``number`` is the start-up's agreement round: every
+    rank's n-th start-up that agrees passes the same, so its votes get keys of their own.
     """
-    number = next(_ROUNDS)
     alone = Agreement(outcome.reclaimed_bytes, {}, outcome.reason)
     if not dist.is_available() or not dist.is_initialized():
         return alone

@@ -1,58 +1,44 @@
-"""The start-up's core, shared by hosts and programs: basis, choice, install, agree, report, offer.
+"""Run one start-up, from a checked request to the report, and end it: the core both adapters call.
 
-A caller (:mod:`._startup` for hosts, :mod:`._evicting` for programs) checks its
-inputs into a :class:`Request` and runs :func:`guarded`, whose one
-``try``/``finally`` (pluggy's ``_multicall``) settles the start-up whatever was
-raised. At most one credit is offered per installation. Under ``on_error =
-"raise"`` every outcome that credits 0 raises one line (after the agreement, so
-every rank raises), except ``enabled = false``.
+:func:`start` takes a :class:`~._request.Request` (or the :class:`Refused` one a
+caller's bad input makes, which still takes its turn in the tensor-parallel
+agreement), begins the process's :class:`~._startup.Startup`, and walks the
+passive parts downward: basis, choice, eviction, seam, credit, agreement,
+report, offer. Its one ``finally`` hands the start-up back (:meth:`Startup.leave`),
+which keeps the install if and only if the offer began. :func:`fall_back` is the
+one place that decides what a fault becomes. :meth:`Startup.end` is ``startup_complete``.
+Nothing here holds the process lock: :class:`~._startup.Startup` takes it per transition.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from ._agree import Agreement, RankOutcome, agree, settings_digest
 from ._b12x.proof import CreditBasis, measure_basis
-from ._credit import Credit
+from ._b12x.seam import Mechanism, seam_for
+from ._credit import WORD, Credit, credit
 from ._decision import choose_regions
-from ._errors import L2EvictError, reason_of
-from ._install import Installation
-from ._lifecycle import PROCESS, Startup
+from ._errors import L2EvictError, RuntimeContractError, reason_of
+from ._eviction import WeightEviction
 from ._log import say
-from ._report import ReclaimReport, Words
-from ._runtime import Placement
-from ._settings import DISABLED, L2EvictSettings
-from ._weights import storages_of, weight_choice
+from ._report import ReclaimReport, RegionRead
+from ._request import Placement, Refused, Request
+from ._settings import DISABLED
+from ._startup import Busy, Phase, Startup
+from ._weights import WeightChoice, storages_of, weight_choice
 
 log = logging.getLogger("flare_l2evict")
 
 
-@dataclass
-class Request:
-    """What a caller checked: everything the core reads, and nothing of the caller's object.
-
-    ``tensors`` is called once and its mapping dropped once the choice is
-    installed. ``add`` ``None``: a program keeps the report.
-    """
-
-    device: torch.device
-    l2_cache_bytes: int | None
-    race_jobs: int
-    tensors: Callable[[], Mapping[str, torch.Tensor]]
-    add: Callable[[ReclaimReport], object] | None
-    words: Words
-
-
 class Clock:
-    """Wall time per step of the hook, for the report (``ReclaimReport.seconds``)."""
+    """Wall time per step of the start-up, for the report (``ReclaimReport.seconds``)."""
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
@@ -71,217 +57,264 @@ class Clock:
 
 
 @dataclass
-class Local:
-    """What this rank brings to the agreement: its settings, basis and credit.
+class RankCredit:
+    """What this rank brings to the agreement: its credit (or why it is 0) and what backs it."""
 
-    ``settings`` ``None``: they could not be read; ``raising``: the deployment asked
-    for ``on_error = "raise"`` (read even from an invalid section); ``error``: the
-    fault that made the credit 0.
-    """
-
-    settings: L2EvictSettings | None = None
-    raising: bool = False
+    credit: Credit
     basis: CreditBasis | None = None
-    credit: Credit = field(default_factory=lambda: Credit(0, "not started"))
     error: Exception | None = None
+    eviction: WeightEviction | None = None
+    sources: tuple[RegionRead, ...] = field(default=())
+    mechanism: Mechanism = "stock-seam"
 
 
-NO_REPORT = ReclaimReport(
-    device="unknown", reclaimed_bytes=0, mechanism="none", reason="the hook did not finish"
-)
-
-
-def guarded(
-    startup: Startup,
-    body: Callable[[Clock], ReclaimReport],
-    internal: Callable[[str], ReclaimReport],
-) -> ReclaimReport:
-    """Run ``body``; never raises an ``Exception`` but :class:`L2EvictError` (``on_error``).
-
-    The one exit: whatever ``body`` did or raised, the start-up settles here.
-    """
-    report = startup.report
+def start(request: Request | Refused) -> ReclaimReport:
+    """One start-up for ``request``; never raises an ``Exception`` but :class:`L2EvictError`
+    under ``on_error = "raise"``."""
+    token = object()  # how leave() finds this start-up, whatever cut the code below short
+    report: ReclaimReport | None = None
     escaped = True
     try:
-        report = body(Clock())
+        began = Startup.begin(request.owner, token, request.wording)
+        if isinstance(began, Busy):
+            report = _busy(request, began)
+        else:
+            report = _run(began, request, Clock())
         escaped = False
     except Exception as error:
         if issubclass(type(error), L2EvictError):
             raise  # on_error = "raise"
-        report = internal(f"internal error in flare_l2evict ({reason_of(error)})")
+        reason = f"internal error in flare_l2evict ({reason_of(error)})"
+        report = fall_back(_zero(request.placement, reason), raising=False)
         escaped = False
     finally:
-        try:
-            PROCESS.settle(startup, report or NO_REPORT, escaped)
-        finally:  # idempotent: finishes a settling an asynchronous exception cut short
-            PROCESS.settle(startup, report or NO_REPORT, escaped)
+        Startup.leave(token, report, escaped)
     return report
 
 
-def start(
-    startup: Startup, where: Placement, local: Local, request: Request | None, clock: Clock
+def fall_back(
+    report: ReclaimReport,
+    *,
+    raising: bool,
+    disabled: bool = False,
+    cause: BaseException | None = None,
 ) -> ReclaimReport:
-    """This rank's credit, the agreement, the report, the offer (``request`` ``None``: refused)."""
-    if request is not None and local.settings is not None:
-        _prepare(request, local.settings, startup, local, clock)
+    """What a start-up that credits 0 becomes: the report and one log line, or, under
+    ``on_error = "raise"``, that line raised. ``enabled = false`` is the operator's
+    choice, not a fault: its line is INFO and it never raises."""
+    level = logging.INFO if disabled else logging.WARNING
+    say(log, level, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
+    if raising and not disabled:
+        raise L2EvictError(f"l2evict failed and on_error = 'raise': {report.reason}") from cause
+    return report
+
+
+def _zero(placement: Placement, reason: str) -> ReclaimReport:
+    return ReclaimReport(
+        device=placement.device,
+        rank=placement.rank,
+        world_size=placement.world_size,
+        reclaimed_bytes=0,
+        mechanism="none",
+        reason=reason,
+    )
+
+
+def _busy(request: Request | Refused, busy: Busy) -> ReclaimReport:
+    reason = request.wording.busy.format(how=busy.how, active=busy.active)
+    return fall_back(_zero(request.placement, reason), raising=request.raising)
+
+
+def _run(startup: Startup, request: Request | Refused, clock: Clock) -> ReclaimReport:
+    """This rank's credit, the agreement, the report, the offer."""
+    if isinstance(request, Refused):
+        mine = RankCredit(Credit(0, reason_of(request.error)), error=request.error)
+    else:
+        mine = _prepare(startup, request, clock)
     with clock.step("agree"):
-        agreed = _agree(where, local.credit, local.settings)
-    made = startup.installation
-    current = PROCESS.current(startup)
-    kept = made is not None and made.kept(agreed.reclaimed_bytes, current)
-    if made is not None and not kept and local.credit.nbytes and agreed.reclaimed_bytes:
+        agreed = _agree(startup, request, mine.credit)
+    kept = mine.eviction is not None and agreed.reclaimed_bytes > 0
+    if kept and startup.phase is not Phase.INSTALLED:
+        kept = False
         agreed = Agreement(
-            0, agreed.fallback_ranks, f"{made.words.ends} ran during the hook, or restore() did"
+            0,
+            agreed.fallback_ranks,
+            f"{request.wording.ends} ran during the hook, or restore() did",
         )
-    report = report_of(where, local, agreed, made if kept else None, clock.total())
-    if made is None or not kept or request is None:
-        return _fell_back(startup, report, local)
-    return _offer(request, report, made, startup, local)
+    report = _report_of(request.placement, mine, agreed, kept, clock.total())
+    disabled = request.settings is not None and not request.settings.enabled
+    if not kept or isinstance(request, Refused):
+        return fall_back(report, raising=request.raising, disabled=disabled, cause=mine.error)
+    return _offer(startup, request, report)
 
 
-def _prepare(
-    request: Request, settings: L2EvictSettings, startup: Startup, local: Local, clock: Clock
-) -> None:
-    """Basis, choice and installation: this rank's credit on ``local``, or why it is 0."""
-    if not settings.enabled:
-        local.credit = Credit(0, DISABLED)
-        return
+def _prepare(startup: Startup, request: Request, clock: Clock) -> RankCredit:
+    """Basis, choice, eviction and install: this rank's credit, or why it is 0."""
+    if not request.settings.enabled:
+        return RankCredit(Credit(0, DISABLED))
+    basis: CreditBasis | None = None
     try:
         with clock.step("seam"):
             basis = measure_basis(
-                request.device, request.l2_cache_bytes, settings, request.race_jobs
+                request.device, request.l2_cache_bytes, request.settings, request.race_jobs
             )
-        local.basis = basis
+        if request.race_jobs == 0:  # a model that races nothing: no buffer to give back
+            fix = request.wording.race_jobs.format("the b12x race jobs held at once")
+            return RankCredit(Credit(0, f"nothing to reclaim: 0 race jobs; fix: {fix}"), basis)
         with clock.step("source"):
-            found, held = storages_of(request.tensors(), request.device, request.words)
-            choice = choose_regions(
-                found,
-                basis.window_bytes,
-                settings.exclude,
-                where=str(request.device),
-                words=request.words,
-            )
-        if choice.shortfall is not None:
-            local.credit = Credit(0, choice.shortfall)
-            return
+            chosen = _chosen(request, basis.window_bytes)
+        if isinstance(chosen, str):
+            return RankCredit(Credit(0, chosen), basis)
         with clock.step("install"):
-            chosen = weight_choice(choice, held, request.device, request.words)
-            del found, held, choice  # the caller's mapping: not kept past the install
-            made = PROCESS.install(chosen, basis, request.words, startup=startup)
+            sources = tuple(
+                RegionRead(
+                    tensor=r.name,
+                    storage_bytes=r.nbytes,
+                    read_bytes=sum(p.nbytes for p in r.pieces),
+                )
+                for r in chosen.regions
+            )
+            seam = seam_for(basis)
+            eviction = WeightEviction(
+                chosen, fallback=seam.fallback(chosen.device), until=request.wording.ends
+            )
             del chosen
-        local.credit = made.credit
+            mine = _credit_of(basis, eviction)
+            startup.install(seam, eviction, mine)
         # Asked once the core holds no mapping: every other holder is then the caller's.
-        if made.credit.nbytes and (unheld := made.unheld()) is not None:
-            local.credit = Credit(0, f"{unheld}; fix: {request.words.resident}, not copies")
+        if mine.nbytes and (unheld := startup.unheld()) is not None:
+            mine = Credit(0, f"{unheld}; fix: {request.wording.resident}, not copies")
+            startup.refuse_credit(mine.reason or "")
+        kept = eviction if mine.nbytes else None
+        return RankCredit(mine, basis, None, kept, sources, seam.mechanism)
     except Exception as caught:
-        local.error = caught
-        local.credit = Credit(0, reason_of(caught))
+        return RankCredit(Credit(0, reason_of(caught)), basis, caught)
 
 
-def _offer(
-    request: Request,
-    report: ReclaimReport,
-    installation: Installation,
-    startup: Startup,
-    local: Local,
-) -> ReclaimReport:
-    """Hand the report to the KV allocator, once; from here on the credit stays backed."""
-    try:
-        offered = installation.offer(request.add, report, lambda: PROCESS.current(startup))
-    except BaseException as raised:
-        report = report.model_copy(update={"allocator_error": installation.allocator_error})
-        startup.report = report
-        say(log, logging.WARNING, "flare_l2evict: %s", report.summary())
-        if not issubclass(type(raised), Exception):
-            raise
-        if local.raising:
-            raise L2EvictError(
-                f"kv_allocator.add_reclaimed raised {report.allocator_error} and on_error = "
-                "'raise'; the eviction stays installed until startup_complete, since the "
-                "credit may have been applied"
-            ) from raised
-        return report
-    if not offered:  # the start-up ended between the agreement and the offer
-        report = report.model_copy(
-            update={
-                "reclaimed_bytes": 0,
-                "mechanism": "none",
-                "reason": (
-                    f"{installation.words.ends} ran during {installation.words.began}, "
-                    "or restore() did"
-                ),
-            }
-        )
-        return _fell_back(startup, report, local)
-    startup.report = report
-    say(log, logging.INFO, "flare_l2evict: %s", report.summary())
-    return report
+def _chosen(request: Request, window_bytes: int) -> WeightChoice | str:
+    """The weights to read, or the shortfall line; the caller's mapping is dropped on return."""
+    tensors = request.take_tensors()
+    if tensors is None:  # an enabled request always carries the mapping
+        raise RuntimeContractError(f"no tensors were handed; fix: {request.wording.loaded}")
+    found, held = storages_of(tensors, request.device, request.wording)
+    del tensors
+    choice = choose_regions(
+        found,
+        window_bytes,
+        request.settings.exclude,
+        where=str(request.device),
+        words=request.wording,
+    )
+    if choice.shortfall is not None:
+        return choice.shortfall
+    return weight_choice(choice, held, request.device, request.wording)
 
 
-def _fell_back(startup: Startup, report: ReclaimReport, local: Local) -> ReclaimReport:
-    """Stock b12x kept: one WARNING line; under ``on_error = "raise"`` the same line raised.
-
-    ``enabled = false`` is the operator's choice, not a fault: its line is INFO.
-    """
-    startup.report = report
-    disabled = local.settings is not None and not local.settings.enabled
-    level = logging.INFO if disabled else logging.WARNING
-    say(log, level, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
-    if local.raising and not disabled:
-        raise L2EvictError(
-            f"l2evict failed and on_error = 'raise': {report.reason}"
-        ) from local.error
-    return report
+def _credit_of(basis: CreditBasis, eviction: WeightEviction) -> Credit:
+    return credit(
+        installable=True,
+        race_jobs=basis.race_jobs,
+        stock_buffer_bytes=basis.stock.nbytes,
+        window_bytes=basis.window_bytes // WORD * WORD,
+        read_bytes=eviction.read_bytes,
+    )
 
 
-def _agree(where: Placement, local: Credit, settings: L2EvictSettings | None) -> Agreement:
+def _agree(startup: Startup, request: Request | Refused, mine: Credit) -> Agreement:
     """Every rank reaches the agreement, faulted or not, so none waits forever."""
-    if where.world_size == 1 and where.process_group is None:
-        # One rank and no group (a program's evicting_from, a TP1 replica): nobody to agree
+    placement = request.placement
+    if placement.world_size == 1 and placement.process_group is None:
+        # One rank and no group (a program's block, a TP1 replica): nobody to agree
         # with, and no vote that another rank's agreement could mistake for its own.
-        return Agreement(local.nbytes, {}, local.reason)
-    digest, shown_settings = settings_digest(settings)
+        return Agreement(mine.nbytes, {}, mine.reason)
+    digest, settings = settings_digest(request.settings, request.kv_sizing)
     try:
         return agree(
-            RankOutcome(where.rank, local.nbytes, local.reason, digest, shown_settings),
-            where.process_group,  # type: ignore[arg-type]
+            RankOutcome(placement.rank, mine.nbytes, mine.reason, digest, settings),
+            placement.process_group,  # type: ignore[arg-type]
+            startup.agreement_round(),
         )
     except Exception as caught:
         return Agreement(0, {}, f"tensor-parallel agreement failed ({reason_of(caught)})")
 
 
-def report_of(
-    where: Placement,
-    local: Local,
+def _report_of(
+    placement: Placement,
+    mine: RankCredit,
     agreed: Agreement,
-    installation: Installation | None,
+    kept: bool,
     seconds: dict[str, float],
 ) -> ReclaimReport:
-    basis = local.basis
+    basis, eviction = mine.basis, mine.eviction
     figures: dict[str, Any] = {} if basis is None else {
         "window_bytes": basis.window_bytes,
         "stock_buffer_bytes": basis.stock.nbytes,
         "race_jobs": basis.race_jobs,
     }  # fmt: skip
     source: dict[str, Any] = {}
-    if installation is not None:
+    if kept and eviction is not None and basis is not None:
         source = {
-            "source_tensor": installation.source_name,
-            "source_storage_bytes": sum(read.storage_bytes for read in installation.sources),
-            "sources": installation.sources,
-            "read_kernel": installation.read_kernel,
+            "source_tensor": eviction.source_name,
+            "source_storage_bytes": sum(read.storage_bytes for read in mine.sources),
+            "sources": mine.sources,
+            "read_kernel": eviction.kernel,
         }
-    credited = agreed.reclaimed_bytes if installation is not None else 0
+    credited = agreed.reclaimed_bytes if kept else 0
     return ReclaimReport(
-        device=where.device,
-        rank=where.rank,
-        world_size=where.world_size,
+        device=placement.device,
+        rank=placement.rank,
+        world_size=placement.world_size,
         reclaimed_bytes=credited,
-        local_reclaimed_bytes=local.credit.nbytes,
-        mechanism=installation.mechanism if installation is not None else "none",
-        reason=agreed.reason or (None if credited else local.credit.reason),
+        local_reclaimed_bytes=mine.credit.nbytes,
+        mechanism=mine.mechanism if source else "none",
+        reason=agreed.reason or (None if credited else mine.credit.reason),
         fallback_ranks=agreed.fallback_ranks,
         seconds={name: round(value, 6) for name, value in seconds.items()},
         **figures,
         **source,
+    )
+
+
+def _offer(startup: Startup, request: Request, report: ReclaimReport) -> ReclaimReport:
+    """Hand the report to the KV allocator, once; from here on the credit stays backed."""
+    if not startup.offer(report):  # the start-up ended, or restore() ran, since the agreement
+        reason = f"{request.wording.ends} ran during {request.wording.began}, or restore() did"
+        zero = report.model_copy(
+            update={"reclaimed_bytes": 0, "mechanism": "none", "reason": reason}
+        )
+        return fall_back(zero, raising=request.raising)
+    raised: BaseException | None = None
+    try:
+        if request.add is not None:
+            _check_returned(request.add(report))
+    except BaseException as error:
+        raised = error
+    finally:
+        startup.offered(raised)
+    if raised is None:
+        say(log, logging.INFO, "flare_l2evict: %s", report.summary())
+        return report
+    report = report.model_copy(update={"allocator_error": startup.allocator_error})
+    say(log, logging.WARNING, "flare_l2evict: %s", report.summary())
+    if not issubclass(type(raised), Exception):
+        raise raised
+    if request.raising:
+        raise L2EvictError(
+            f"kv_allocator.add_reclaimed raised {report.allocator_error} and on_error = "
+            "'raise'; the eviction stays installed until startup_complete, since the "
+            "credit may have been applied"
+        ) from raised
+    return report
+
+
+def _check_returned(returned: object) -> None:
+    """Raise if ``add_reclaimed`` returned an awaitable: its work has not run, may never run."""
+    if not inspect.isawaitable(returned):
+        return
+    if inspect.iscoroutine(returned):
+        returned.close()
+    raise RuntimeContractError(
+        f"kv_allocator.add_reclaimed returned {type(returned).__name__} (an awaitable): the "
+        "credit may not have been applied; fix: make add_reclaimed a plain function that grows "
+        "the KV budget before returning"
     )

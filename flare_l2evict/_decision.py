@@ -16,7 +16,7 @@ from itertools import compress, groupby, islice
 from typing import Protocol, TypeVar
 
 from ._credit import WORD
-from ._report import HOST, Words
+from ._report import HOST, Wording
 from ._text import shown
 
 SKIP_REASONS = (
@@ -229,7 +229,7 @@ def choose_regions(
     exclude: Sequence[str] = (),
     *,
     where: str = "the device",
-    words: Words = HOST,
+    words: Wording = HOST,
 ) -> RegionChoice:
     """The storages whose tail the eviction reads, largest first, until the window is covered.
 
@@ -388,7 +388,7 @@ def _excluded_ranges(storages: Storages, exclude: Sequence[str]) -> list[tuple[i
 
 
 def _shortfall(
-    storages: Storages, window_bytes: int, excluded: _Ranges, where: str, words: Words
+    storages: Storages, window_bytes: int, excluded: _Ranges, where: str, words: Wording
 ) -> str:
     """The one line saying why the eligible storages cannot cover the window."""
     counts = dict.fromkeys(SKIP_REASONS, 0)
@@ -449,16 +449,16 @@ def _named(names: Iterable[str], count: int) -> str:
     return listed + (f" and {count - _NAMED:,} more" if count > _NAMED else "")
 
 
-def _borrowed_fix(why: str, names: list[str], count: int, words: Words) -> str:
+def _borrowed_fix(why: str, names: list[str], count: int, words: Wording) -> str:
     what, fix = _BORROWED_WORDS[why]
     return f"; {why} ({what}): {_named(names, count)}; fix: {_fix(fix, words)}"
 
 
-def _fix(fix: str, words: Words) -> str:
+def _fix(fix: str, words: Wording) -> str:
     return fix.format(tensors=words.tensors, began=words.began)
 
 
-def borrowed_line(why: str, names: Iterable[str], count: int, words: Words = HOST) -> str:
+def borrowed_line(why: str, names: Iterable[str], count: int, words: Wording = HOST) -> str:
     """One line naming (bounded) the ``count`` tensors skipped as ``why``, with the fix."""
     what, fix = _BORROWED_WORDS[why]
     return (

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validat
 
 
 @dataclass(frozen=True)
-class Words:
+class Wording:
     """How a line names the caller's side, a host's hooks or a program's ``with`` block
     (``race_jobs``' ``{}``: the number)."""
 
@@ -21,9 +21,11 @@ class Words:
     loaded: str
     by_name: str
     races: str
+    busy: str
+    """A call refused while another start-up is active (``{how}``, ``{active}``)."""
 
 
-HOST = Words(
+HOST = Wording(
     "before_first_capture",
     "startup_complete",
     "set runtime.race_jobs to {}",
@@ -33,8 +35,11 @@ HOST = Words(
     "the host must return this rank's checkpoint tensors, by name",
     "if this host races, call startup_complete after its last race (a race after it "
     "allocates stock buffers out of the KV cache's memory)",
+    "{how} while a start-up is active ({active}); this call credits 0 and changes nothing; "
+    "fix: call before_first_capture once per start-up, and startup_complete before starting "
+    "again",
 )
-PROGRAM = Words(
+PROGRAM = Wording(
     "the evicting_from block's entry",
     "the end of the evicting_from block",
     "pass race_jobs={}",
@@ -44,6 +49,9 @@ PROGRAM = Words(
     "pass evicting_from the tensors the program keeps resident, by name",
     "if this program races, run its races inside the block (a race after it allocates "
     "a stock buffer of its own)",
+    "evicting_from: a start-up is active in this process ({active}: a flare host's, or another "
+    "evicting_from block); this block credits 0 and changes nothing; fix: run the block outside "
+    "any other start-up",
 )
 
 
@@ -198,7 +206,7 @@ class StartupAudit(BaseModel):
             or self.fallback_reason
         )
 
-    def summary(self, words: Words = HOST) -> str:
+    def summary(self, words: Wording = HOST) -> str:
         """One line for the start-up log (``words``: a program's block names its own)."""
         if self.refused:
             return self.refused

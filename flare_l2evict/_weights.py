@@ -14,10 +14,10 @@ import torch
 from ._decision import RegionChoice, Storages, borrowed_line
 from ._errors import WeightsError
 from ._log import say
-from ._report import HOST, Words
+from ._report import HOST, Wording
 from ._text import described_value
 
-log = logging.getLogger("flare_l2evict.source")
+log = logging.getLogger("flare_l2evict.weights")
 
 # Unbound C methods (typed loosely), mapped over whole lists at C speed; being the C functions,
 # they ignore a subclass's overrides: a storage cannot say it holds more than it does.
@@ -83,7 +83,7 @@ def same_device(a: torch.device, b: torch.device) -> bool:
 
 
 def _storages(
-    names: list[str], values: list[object], words: Words
+    names: list[str], values: list[object], words: Wording
 ) -> tuple[list[torch.UntypedStorage | None], list[int]]:
     """Each tensor's storage (``None`` where it has no readable one) and its size in bytes."""
     # A subclass's __torch_function__ could answer untyped_storage() with memory only the
@@ -151,7 +151,7 @@ class _FileSpans:
 
 
 def storages_of(
-    tensors: Mapping[str, torch.Tensor], device: torch.device, words: Words = HOST
+    tensors: Mapping[str, torch.Tensor], device: torch.device, words: Wording = HOST
 ) -> tuple[Storages, ResidentStorages]:
     """The decision's view of ``tensors`` (sizes, address ranges, skips), and their storages.
 
@@ -196,7 +196,7 @@ def storages_of(
 
 
 def _names_and_values(
-    tensors: Mapping[str, torch.Tensor], words: Words
+    tensors: Mapping[str, torch.Tensor], words: Wording
 ) -> tuple[list[str], list[object]]:
     """The mapping's names (plain ``str``) and values, bounded by :data:`MAX_TENSORS`."""
     names = _bounded_names(tensors, words)
@@ -219,7 +219,7 @@ def _names_and_values(
     return names, values
 
 
-def _bounded_names(tensors: Mapping[str, torch.Tensor], words: Words) -> list[Any]:
+def _bounded_names(tensors: Mapping[str, torch.Tensor], words: Wording) -> list[Any]:
     """The mapping's keys, refused past :data:`MAX_TENSORS` names or :data:`MAX_NAME_CHARS`."""
     keys = iter(tensors)
     found: list[Any] = []
@@ -267,7 +267,7 @@ def _readable(storage: torch.UntypedStorage | None) -> bool:
 
 
 def weight_choice(
-    choice: RegionChoice, held: ResidentStorages, device: torch.device, words: Words = HOST
+    choice: RegionChoice, held: ResidentStorages, device: torch.device, words: Wording = HOST
 ) -> WeightChoice:
     """The decision's regions as torch storages to read."""
     regions = []

@@ -52,6 +52,7 @@ RUNTIME_ATTRIBUTES = (
     "config",
     "race_jobs",
     "l2_cache_bytes",
+    "kv_sizing",
     "kv_allocator",
     "resident_tensors",
 )

@@ -1,17 +1,24 @@
-"""The ``flare.plugins`` entry point ``l2evict``: the hook implementations."""
+"""The ``flare.plugins`` entry point ``l2evict``: the adapter for flare hosts.
+
+Each hook only translates: the host's ``runtime`` becomes the core's request
+(:func:`._read_host.request_from`, which never raises) and runs (:func:`._core.start`);
+``startup_complete`` ends the start-up that runtime (or a report it got) owns.
+"""
 
 from __future__ import annotations
 
-from . import _startup
+from . import _core
 from ._markers import hookimpl
+from ._read_host import request_from
 from ._report import ReclaimReport, StartupAudit
+from ._startup import Startup
 from .hookspecs import FlareRuntime
 
 
 @hookimpl
 def before_first_capture(runtime: FlareRuntime) -> ReclaimReport:
     """Point b12x's race eviction at resident weights and credit the KV allocator."""
-    return _startup.run(runtime)
+    return _core.start(request_from(runtime))
 
 
 @hookimpl
@@ -21,9 +28,4 @@ def startup_complete(runtime: FlareRuntime) -> StartupAudit:
     Ends only the start-up this ``runtime`` began (or whose report it is); any
     other call is a no-op with one line. Never raises an ``Exception``.
     """
-    return _startup.finish(runtime)
-
-
-def finish() -> StartupAudit:
-    """End whichever start-up is active, credited or not (tests, and an operator's last resort)."""
-    return _startup.finish(None, force=True)
+    return Startup.end(runtime)

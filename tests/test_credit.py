@@ -11,10 +11,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from support.figures import MiB
+from support.startups import end_any, eviction_of, installed
 
-from flare_l2evict import plugin
 from flare_l2evict._credit import credit, stock_buffer_bytes
-from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools.reference_host import ReferenceKVAllocator, plugin_manager
 
 pytest.importorskip("b12x.preparation._measurement")
@@ -118,16 +117,16 @@ def test_the_hook_never_raises_and_never_over_credits(
     pm = plugin_manager(["l2evict"])
     try:
         (report,) = pm.hook.before_first_capture(runtime=runtime)
-        installation = active_installation()
+        installation = installed()
         if report.reclaimed_bytes == 0:
             assert installation is None  # nothing left installed without a credit
         else:
             assert installation is not None
             assert isinstance(race_jobs, int) and isinstance(l2, int)
             assert report.reclaimed_bytes <= race_jobs * stock_buffer_bytes(l2)
-            assert installation.read_bytes >= report.window_bytes
+            assert eviction_of(installation).read_bytes >= report.window_bytes
         credited = getattr(kv, "reclaimed_bytes", None)
         if credited is not None:
             assert credited == report.reclaimed_bytes
     finally:
-        plugin.finish()
+        end_any()

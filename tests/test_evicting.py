@@ -24,12 +24,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 from support.figures import OWN, MiB
+from support.startups import end_any, installed
 from support.sums import checksum
 
 import flare_l2evict
-from flare_l2evict import L2EvictError, plugin
+from flare_l2evict import L2EvictError
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools._origin import stock_row
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
@@ -53,7 +53,7 @@ def weights(nbytes: int = 128 * MiB) -> dict[str, torch.Tensor]:
 @pytest.fixture(autouse=True)
 def _finished() -> Iterator[None]:
     yield
-    plugin.finish()
+    end_any()
 
 
 def test_inside_the_block_the_races_read_the_tensors_and_stock_is_back_after() -> None:
@@ -66,7 +66,7 @@ def test_inside_the_block_the_races_read_the_tensors_and_stock_is_back_after() -
         assert isinstance(handle, EvictionHandle)
         handle()
         assert checksum(handle.eviction) == 0.0  # read the zeros; wrote nothing
-    assert seam() is STOCK_SEAM and active_installation() is None
+    assert seam() is STOCK_SEAM and installed() is None
     del tensors, handle
     gc.collect()
     assert torch.UntypedStorage._expired(alive)  # nothing references the tensors
@@ -83,7 +83,7 @@ def test_an_exception_inside_the_block_restores_stock_and_propagates() -> None:
     ):
         assert report.reclaimed_bytes > 0 and seam() is not STOCK_SEAM
         raise ProgramFailedStandIn
-    assert seam() is STOCK_SEAM and active_installation() is None
+    assert seam() is STOCK_SEAM and installed() is None
 
 
 def test_too_few_bytes_fall_back_with_the_reason_and_leave_b12x_alone(
@@ -105,7 +105,7 @@ def test_on_error_raise_raises_the_same_line() -> None:
         flare_l2evict.evicting_from(weights(MiB), race_jobs=2, l2_cache_bytes=L2, on_error="raise"),
     ):
         raise AssertionError("the block must not run")
-    assert seam() is STOCK_SEAM and active_installation() is None
+    assert seam() is STOCK_SEAM and installed() is None
 
 
 def test_settings_are_the_plugins_own() -> None:
@@ -130,10 +130,10 @@ def test_inside_a_flare_start_up_it_credits_zero_and_ends_nothing_of_the_hosts()
     )
     (hosted,) = pm.hook.before_first_capture(runtime=host)
     assert hosted.reclaimed_bytes > 0
-    installed = active_installation()
+    hosts_own = installed()
     with flare_l2evict.evicting_from(weights(), race_jobs=2, l2_cache_bytes=L2) as report:
         assert report.reclaimed_bytes == 0 and "start-up is active" in (report.reason or "")
-    assert active_installation() is installed and seam() is not STOCK_SEAM  # the host's stands
+    assert installed() is hosts_own and seam() is not STOCK_SEAM  # the host's stands
     pm.hook.startup_complete(runtime=host)
     assert seam() is STOCK_SEAM
 
@@ -177,7 +177,7 @@ def test_bad_arguments_are_named_in_the_programs_words(
         flare_l2evict.evicting_from(weights(), on_error="raise", **called),  # type: ignore[arg-type]
     ):
         raise AssertionError("the block must not run")
-    assert seam() is STOCK_SEAM and active_installation() is None
+    assert seam() is STOCK_SEAM and installed() is None
 
 
 def test_a_tensor_only_the_block_keeps_alive_is_not_credited() -> None:
@@ -217,7 +217,7 @@ def test_an_argument_whose_methods_raise_never_raises_on_entry(
             flare_l2evict.evicting_from(resident, race_jobs=1, l2_cache_bytes=L2, **bad) as report,  # type: ignore[arg-type]
         ):
             assert seam() is STOCK_SEAM or report.reclaimed_bytes > 0
-    assert active_installation() is None and seam() is STOCK_SEAM
+    assert installed() is None and seam() is STOCK_SEAM
 
 
 @pytest.mark.parametrize("race_jobs", [3, 1], ids=["unused-credit", "no-race-ran"])
@@ -281,7 +281,7 @@ def test_bad_exclude_in_a_program_is_one_line_never_a_raise(exclude: object, sho
         l2_cache_bytes=L2,
         exclude=exclude,  # type: ignore[arg-type]
     ) as report:
-        assert report.reclaimed_bytes == 0 and active_installation() is None
+        assert report.reclaimed_bytes == 0 and installed() is None
     reason = report.reason or ""
     assert reason.startswith(f"evicting_from: {shown}") and "plugins.l2evict" not in reason
     assert "fix: pass window=, exclude= (a list of globs)" in reason
@@ -346,4 +346,4 @@ def test_a_bad_mapping_is_named_in_the_programs_words(
     for line in [*lines, report.reason or ""]:
         assert "resident_tensors" not in line and "before_first_capture" not in line, line
         assert "runtime." not in line and "startup_complete" not in line, line
-    assert active_installation() is None
+    assert installed() is None

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 from support.figures import MiB
+from support.startups import end_any
 
 import flare_l2evict
-from flare_l2evict import plugin
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict.tools._origin import stock_row
 from flare_l2evict.tools.reference_host import RaceResult
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(autouse=True)
 def _finished() -> Iterator[None]:
     yield
-    plugin.finish()
+    end_any()
     torch.cuda.empty_cache()
 
 

@@ -12,13 +12,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 from support.figures import OWN, MiB
+from support.startups import end_any, installed
 from support.sums import checksum
 
 import flare_l2evict
 import flare_l2evict._eviction
-from flare_l2evict import plugin
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
     ReferenceRuntime,
@@ -41,7 +40,7 @@ def measurement() -> object:
 @pytest.fixture(autouse=True)
 def _finished() -> Iterator[None]:
     yield
-    plugin.finish()
+    end_any()
     torch.cuda.empty_cache()
 
 
@@ -129,7 +128,7 @@ def test_tensors_over_one_cuda_allocation_count_once(
         audit = pm.hook.startup_complete(runtime=runtime)[0]
     print(f"audit: {audit.summary()}")
     assert audit.peak_alive == runtime.race_jobs and audit.unused_credit_bytes == 0
-    plugin.finish()
+    end_any()
     # Half the window over sixteen aliases of one allocation is not a window.
     half = torch.ones(window // 8, device=device).untyped_storage()
     short = {
@@ -139,7 +138,7 @@ def test_tensors_over_one_cuda_allocation_count_once(
     (report,) = pm.hook.before_first_capture(runtime=runtime_for(short, device))
     print(f"16 aliases of {half.nbytes():,} bytes: {report.summary()}")
     assert report.reclaimed_bytes == 0 and "1 eligible storages" in (report.reason or "")
-    assert active_installation() is None
+    assert installed() is None
 
 
 def measurement_seam(device: torch.device) -> EvictionHandle:

@@ -42,13 +42,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from support.figures import OWN, MiB
+from support.startups import end_any, installed
 from support.sums import checksum, read_bytes
 
 import flare_l2evict
-from flare_l2evict import L2EvictError, ReclaimReport, plugin
+from flare_l2evict import L2EvictError, ReclaimReport
 from flare_l2evict._b12x.proof import measure_basis
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._lifecycle import active_installation
 from flare_l2evict._settings import L2EvictSettings
 from flare_l2evict._weights import MAX_TENSORS
 from flare_l2evict.hookspecs import RUNTIME_ATTRIBUTES
@@ -92,6 +92,7 @@ class HostileRuntimeStandIn:
     process_group = property(lambda self: self._read("process_group", None))
     race_jobs = property(lambda self: self._read("race_jobs", self.race_jobs_))
     l2_cache_bytes = property(lambda self: self._read("l2_cache_bytes", L2))
+    kv_sizing = property(lambda self: self._read("kv_sizing", None))
 
     def __getattribute__(self, name: str) -> Any:
         if name in ("kv_allocator", "config") and object.__getattribute__(self, "raising") == name:
@@ -159,7 +160,7 @@ def hook(runtime: HostileRuntimeStandIn) -> ReclaimReport:
 @pytest.fixture(autouse=True)
 def _finished() -> Iterator[None]:
     yield
-    plugin.finish()
+    end_any()
 
 
 def seam_is_ours() -> bool:
@@ -177,13 +178,13 @@ def test_an_allocator_that_raises_keeps_the_eviction_until_startup_complete(
     assert report.reclaimed_bytes == CREDIT
     assert report.allocator_error is not None and "allocator" in report.allocator_error
     assert runtime.kv_allocator.applied == (CREDIT if mode == "apply-then-raise" else 0)
-    installation = active_installation()
+    installation = installed()
     assert installation is not None and installation.offered_bytes == CREDIT
     assert seam_is_ours()
     assert isinstance(measurement._l2_flush_fn(torch.device("cpu"), enabled=True), EvictionHandle)
     (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
     assert line.levelno == logging.WARNING and "RAISED" in line.getMessage()
-    audit = plugin.finish()
+    audit = end_any()
     assert audit.allocator_error is not None and "RAISED" in audit.summary()
     assert not seam_is_ours()
 
@@ -194,7 +195,7 @@ def test_an_allocator_that_raises_under_on_error_raise_raises_but_keeps_the_evic
         hook(runtime)
     assert runtime.kv_allocator.applied == CREDIT
     assert seam_is_ours()  # the credit may have been applied
-    plugin.finish()
+    end_any()
     assert not seam_is_ours()
 
 
@@ -282,7 +283,7 @@ def test_a_raising_property_gives_zero_and_one_line(
     shown = "kv_allocator" if name == "add_reclaimed" else name
     assert report.reason is not None
     assert f"runtime.{shown}" in report.reason and "exploded" in report.reason
-    assert active_installation() is None and not seam_is_ours()
+    assert installed() is None and not seam_is_ours()
     (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
     assert line.levelno == logging.WARNING and "\n" not in line.getMessage()
 
@@ -353,7 +354,7 @@ def test_on_error_raise_raises_for_contract_violations(change: dict[str, Any], l
         hook(runtime)
     assert line in str(raised.value) and "\n" not in str(raised.value)
     assert runtime.kv_allocator.applied == 0
-    assert active_installation() is None and not seam_is_ours()
+    assert installed() is None and not seam_is_ours()
 
 
 # 10. KeyboardInterrupt / SystemExit from add_reclaimed.
@@ -366,7 +367,7 @@ def test_a_base_exception_from_the_allocator_propagates_and_keeps_the_backing(
         hook(runtime)
     assert runtime.kv_allocator.applied == CREDIT
     assert seam_is_ours()
-    audit = plugin.finish()
+    audit = end_any()
     assert audit.allocator_error is not None and kind.__name__ in audit.allocator_error
     assert audit.credited_bytes == CREDIT
     assert not seam_is_ours()
@@ -380,7 +381,7 @@ def test_a_base_exception_before_the_offer_leaves_nothing_installed() -> None:
     runtime = hostile(tensors=InterruptedTensorsStandIn(weights()))
     with pytest.raises(KeyboardInterrupt):
         hook(runtime)
-    assert active_installation() is None and not seam_is_ours()
+    assert installed() is None and not seam_is_ours()
     assert runtime.kv_allocator.applied == 0
 
 
@@ -405,7 +406,7 @@ def test_fewer_evictions_alive_than_race_jobs_is_a_warning_in_bytes(
     for _ in range(JOBS):  # one job at a time: each drops its eviction before the next
         measurement._l2_flush_fn(torch.device("cpu"), enabled=True)()
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
-        audit = plugin.finish()
+        audit = end_any()
     assert audit.peak_alive == 1 and audit.race_jobs == JOBS
     assert audit.unused_credit_bytes == (JOBS - 1) * 64 * MiB
     (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
@@ -420,7 +421,7 @@ def test_as_many_evictions_alive_as_race_jobs_audits_clean(
     hook(hostile())
     held = [measurement._l2_flush_fn(torch.device("cpu"), enabled=True) for _ in range(JOBS)]
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
-        audit = plugin.finish()
+        audit = end_any()
     assert audit.peak_alive == JOBS == len(held) and audit.unused_credit_bytes == 0
     (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
     assert line.levelno == logging.INFO
@@ -462,7 +463,7 @@ def test_no_host_behaviour_over_credits_or_leaves_a_credit_unbacked(
         thread.join()
     applied = sum(a.applied for a in allocators)
     assert applied in (0, CREDIT)  # at most one credit, across every allocator
-    installation = active_installation()
+    installation = installed()
     if applied:
         assert installation is not None and installation.offered_bytes == CREDIT
         assert seam_is_ours()  # backed until startup_complete
@@ -470,8 +471,8 @@ def test_no_host_behaviour_over_credits_or_leaves_a_credit_unbacked(
         expected_base = isinstance(error, KeyboardInterrupt) and "keyboard" in modes
         expected_raise = on_error == "raise" and isinstance(error, L2EvictError)
         assert expected_base or expected_raise, repr(error)
-    plugin.finish()
-    assert active_installation() is None and not seam_is_ours()
+    end_any()
+    assert installed() is None and not seam_is_ours()
 
 
 def test_hostile_runtime_stand_in_is_a_runtime() -> None:
@@ -497,7 +498,7 @@ def test_a_host_that_ends_and_restarts_start_up_inside_the_hook_keeps_the_new_cr
     assert hook(first).reclaimed_bytes == 0
     assert second.kv_allocator.applied == CREDIT
     assert seam_is_ours()  # the first start-up's fault did not take the second's backing
-    installation = active_installation()
+    installation = installed()
     assert installation is not None and installation.offered_bytes == CREDIT
 
 
@@ -506,7 +507,7 @@ def test_startup_complete_during_the_offer_waits_for_add_reclaimed_to_return() -
 
     class FinishingAllocatorStandIn(HostileAllocatorStandIn):
         def add_reclaimed(self, report: ReclaimReport) -> None:
-            other = threading.Thread(target=plugin.finish)  # startup_complete, concurrently
+            other = threading.Thread(target=end_any)  # startup_complete, concurrently
             other.start()
             other.join()
             self.applied += report.reclaimed_bytes
@@ -524,9 +525,9 @@ def test_an_installation_made_before_the_hook_is_never_credited() -> None:
     earlier = install(tiny, measure_basis(tiny.device, MiB, settings, 0))
     runtime = hostile()
     report = hook(runtime)
-    assert report.reclaimed_bytes == 0 and "already active" in (report.reason or "")
+    assert report.reclaimed_bytes == 0 and "while a start-up is active" in (report.reason or "")
     assert runtime.kv_allocator.applied == 0
-    assert active_installation() is earlier  # left as it was
+    assert installed() is earlier.startup  # left as it was
 
 
 class OverstatedStorageStandIn(torch.UntypedStorage):
@@ -617,7 +618,7 @@ def test_a_log_handler_that_raises_breaks_neither_hook(race_jobs: int) -> None:
         report = hook(runtime)
         assert report.reclaimed_bytes == (CREDIT if race_jobs > 0 else 0)
         assert seam_is_ours() == (race_jobs > 0)
-        plugin.finish()
+        end_any()
         assert not seam_is_ours()
     finally:
         logging.getLogger("flare_l2evict").removeHandler(handler)
@@ -652,7 +653,7 @@ def test_no_reference_to_the_weights_after_startup_complete_even_from_a_kept_han
     del tensors
     hook(runtime)
     kept = measurement._l2_flush_fn(torch.device("cpu"), enabled=True)  # a job keeps its handle
-    plugin.finish()
+    end_any()
     runtime.tensors = {}
     gc.collect()
     assert torch.UntypedStorage._expired(alive)

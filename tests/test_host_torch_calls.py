@@ -18,9 +18,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 from support.figures import MiB
+from support.startups import end_any, installed
 
-from flare_l2evict import plugin
-from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools._origin import stock_row
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
@@ -43,7 +42,7 @@ class Expert(torch.nn.Module):
 def _finished() -> Iterator[None]:
     yield
     torch.__future__.set_swap_module_params_on_conversion(False)
-    plugin.finish()
+    end_any()
 
 
 @dataclasses.dataclass
@@ -108,9 +107,9 @@ def test_a_host_torch_call_works_as_without_the_plugin_and_the_next_read_falls_b
     call(model)  # raises nothing, as without the plugin
     flush = getattr(measurement, stock_row().function)(torch.device("cpu"), enabled=True)
     flush()  # the next read: the memory it read was moved away
-    installation = active_installation()
+    installation = installed()
     assert installation is not None
     assert installation.audit().fallback_reason is not None
     (audit,) = PM.hook.startup_complete(runtime=host)
     assert audit.warns and audit.fallback_reason is not None
-    assert active_installation() is None
+    assert installed() is None

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 from support.figures import MiB
+from support.startups import installed
 
 from flare_l2evict._b12x.proof import CreditBasis, SeamProof, StockBuffer, prove_seam
 from flare_l2evict._errors import InstallError
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._lifecycle import active_installation
 from flare_l2evict._weights import WeightChoice
 from flare_l2evict.tools._choose_weights import choose_weights, install
 
@@ -59,7 +59,7 @@ def test_restore_puts_stock_back_and_releases() -> None:
     installation.restore()
     assert measurement._l2_flush_fn is STOCK
     assert installation.eviction.views() == ()
-    assert active_installation() is None
+    assert installed() is None
     installation.restore()  # idempotent
     assert measurement._l2_flush_fn is STOCK
 
@@ -67,10 +67,10 @@ def test_restore_puts_stock_back_and_releases() -> None:
 def test_installing_twice_is_refused_and_changes_nothing() -> None:
     first = install(choice(), basis(prove_seam()))
     seam = measurement._l2_flush_fn
-    with pytest.raises(InstallError, match=r"Installation\(stock-seam, 'w' on cpu.*already active"):
+    with pytest.raises(InstallError, match=r"Startup\(stock-seam, 'w' on cpu.*already active"):
         install(choice(), basis(prove_seam()))
     assert measurement._l2_flush_fn is seam
-    assert active_installation() is first
+    assert installed() is first.startup
 
 
 def test_the_proof_unwraps_an_installed_seam() -> None:

@@ -51,22 +51,24 @@ from typing import Any
 import pytest
 import torch
 from support.figures import OWN, MiB
+from support.startups import end_any, installed
 
 import flare_l2evict
-import flare_l2evict._evicting
 from flare_l2evict import (
     L2EvictError,
     ReclaimReport,
     StartupAudit,
     _core,
     _eviction,
-    _install,
-    _lifecycle,
+    _program,
+    _read_host,
+    _request,
     _startup,
     plugin,
 )
-from flare_l2evict._b12x import patch
-from flare_l2evict._lifecycle import PROCESS, active_installation
+from flare_l2evict._b12x import seam
+from flare_l2evict._eviction import EvictionHandle
+from flare_l2evict._startup import Startup
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
     ReferenceRuntime,
@@ -122,7 +124,7 @@ RAISE = {"plugins": {"l2evict": {"on_error": "raise"}}}
 @pytest.fixture(autouse=True)
 def _finished() -> Iterator[None]:
     yield
-    plugin.finish()
+    end_any()
 
 
 # 1. A start-up belongs to its runtime.
@@ -139,13 +141,14 @@ def test_a_second_models_startup_complete_does_not_end_the_first_start_up(
     assert audit.mechanism == "none" and audit.credited_bytes == 0
     # The audit a host logs says what the line says, not "nothing was installed".
     assert audit.refused and audit.summary() in line.getMessage()
-    installation = active_installation()
+    installation = installed()
     assert installation is not None and installation.offered_bytes == CREDIT
     assert seam_is_ours()  # A's races still read A's weights
-    assert isinstance(measurement._l2_flush_fn(torch.device("cpu"), enabled=True), object)
+    handle = measurement._l2_flush_fn(torch.device("cpu"), enabled=True)
+    assert isinstance(handle, EvictionHandle) and not handle.eviction.released
     ended = complete(a)
     assert ended.credited_bytes == CREDIT and not seam_is_ours()
-    assert active_installation() is None
+    assert installed() is None
 
 
 def test_a_second_models_hook_while_the_first_is_active_credits_zero() -> None:
@@ -177,7 +180,7 @@ def test_a_child_forked_while_another_thread_holds_the_lock_does_not_block() -> 
     held, release = threading.Event(), threading.Event()
 
     def hold_the_lock() -> None:
-        with PROCESS.lock:
+        with Startup._lock:
             held.set()
             release.wait(DEADLINE)
 
@@ -210,7 +213,7 @@ def test_a_child_forked_while_another_thread_holds_the_lock_does_not_block() -> 
 # 3. Signal handlers that call startup_complete.
 _SIGNAL_INSIDE_THE_LOCK = """
 import json, os, signal, sys, torch
-from flare_l2evict._lifecycle import Process
+from flare_l2evict._startup import Startup
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator, ReferenceRuntime, plugin_manager,
 )
@@ -223,15 +226,16 @@ runtime = ReferenceRuntime(
 audits = []
 signal.signal(signal.SIGUSR1, lambda *_: audits.append(pm.hook.startup_complete(runtime=runtime)))
 sent = []
-LINES = open(Process.begin.__code__.co_filename).readlines()
+BEGIN = Startup.begin.__func__.__code__
+LINES = open(BEGIN.co_filename).readlines()
 
 def trace(frame, event, arg):
-    if frame.f_code is not Process.begin.__code__:
+    if frame.f_code is not BEGIN:
         return None
     def local(frame, event, arg):
         # Inside the locked section: a real signal, handled on this thread right here.
         text = LINES[frame.f_lineno - 1]
-        if event == "line" and not sent and "self.startup" in text:
+        if event == "line" and not sent and 'setattr(cls, "_active"' in text:
             sent.append(frame.f_lineno)
             os.kill(os.getpid(), signal.SIGUSR1)
         return local
@@ -295,7 +299,7 @@ def test_startup_complete_from_a_signal_during_add_reclaimed_waits_for_it_to_ret
     assert len(audits) == 1 and audits[0].credited_bytes == CREDIT
     assert report.reclaimed_bytes == CREDIT == allocator.applied
     assert allocator.seam_ours_when_applied is True  # backed while the credit was applied
-    assert not seam_is_ours() and active_installation() is None  # then stock, once it returned
+    assert not seam_is_ours() and installed() is None  # then stock, once it returned
 
 
 def test_a_signal_that_raises_during_add_reclaimed_keeps_the_credit_backed_until_complete(
@@ -308,32 +312,34 @@ def test_a_signal_that_raises_during_add_reclaimed_keeps_the_credit_backed_until
     host = runtime(allocator=SignallingAllocatorStandIn())
     with pytest.raises(KeyboardInterrupt):
         hook(host)
-    installation = active_installation()
+    installation = installed()
     assert installation is not None and installation.offered_bytes == CREDIT and seam_is_ours()
     assert complete(host).credited_bytes == CREDIT
-    assert not seam_is_ours() and active_installation() is None
+    assert not seam_is_ours() and installed() is None
     assert hook(runtime()).reclaimed_bytes == CREDIT  # nothing stuck
 
 
 # 4. An asynchronous exception at every point of the hook.
-_TRACED = {
-    code
-    for module in (_core, _startup, _lifecycle, _install, patch)
-    for function in vars(module).values()
-    for code in [getattr(getattr(function, "__func__", function), "__code__", None)]
-    if code is not None and getattr(function, "__module__", None) == module.__name__
-} | {
-    method.__code__
-    for owner in (
-        _lifecycle.Process,
-        _lifecycle.Startup,
-        _install.Installation,
-        patch.Patch,
-        _eviction.WeightEviction,
-    )
-    for method in vars(owner).values()
-    if inspect.isfunction(method)
-}
+def _codes(owner: object) -> set[types.CodeType]:
+    """The code of every function and method defined in ``owner`` (a module or a class), the
+    transitions behind ``Startup``'s resuming wrapper included."""
+    found: set[types.CodeType] = set()
+    name = getattr(owner, "__module__", None) or getattr(owner, "__name__", "")
+    for value in vars(owner).values():
+        function = getattr(value, "__func__", value)
+        while function is not None:
+            code = getattr(function, "__code__", None)
+            if code is not None and getattr(function, "__module__", None) == name:
+                found.add(code)
+            function = getattr(function, "__wrapped__", None)
+    return found
+
+
+# The start-up object, both adapters, the core, the seam and the eviction: every line.
+_TRACED = set().union(
+    *map(_codes, (_core, _startup, _read_host, _request, _program, plugin, seam)),
+    *map(_codes, (Startup, _program._Block, seam.StockSeam, seam.Seam, _eviction.WeightEviction)),
+)
 
 
 class AsynchronousInterrupt(KeyboardInterrupt):
@@ -350,6 +356,13 @@ def _leaving_a_with(frame: types.FrameType, entered: set[tuple[int, int]]) -> bo
     jumps, inside the block. So the test raises on entry, never on that event.
     """
     key = (id(frame), frame.f_lineno)
+    if (id(frame), -1) not in entered:
+        entered.add((id(frame), -1))
+        caller = frame.f_back
+        if caller is None or caller.f_code not in _TRACED:
+            # The first line of an entry (a hook, a block's enter or exit, restore()): an
+            # exception there is one raised in the host's own call, before the plugin ran.
+            return True
     line = [linecache.getline(frame.f_code.co_filename, frame.f_lineno)]
     if line[0].lstrip().startswith("try:"):
         # A ``try:`` line runs nothing (no point a signal handler runs at); an exception
@@ -389,7 +402,16 @@ def _interrupt_at(point: int) -> Callable[[types.FrameType, str, Any], Any]:
     return trace
 
 
-def _lines_run() -> int:
+def _host(trace: Any) -> bool:
+    """A host's hook, then its startup_complete, under ``trace``; whether it was interrupted."""
+    host = runtime()
+    return _run_traced(functools.partial(hook, host), trace) | _run_traced(
+        functools.partial(complete, host), trace
+    )
+
+
+def _lines_run(run: Callable[[Any], bool] = _host) -> int:
+    """How many traced lines ``run`` runs (its first, one-off lines run before the count)."""
     count = 0
     entered: set[tuple[int, int]] = set()
 
@@ -399,12 +421,8 @@ def _lines_run() -> int:
         count += event == "line" and not _leaving_a_with(frame, entered)
         return local
 
-    complete(hook(warm := runtime()) and warm)  # a first start-up runs its one-off lines
-    sys.settrace(lambda frame, event, arg: local if frame.f_code in _TRACED else None)
-    try:
-        complete(hook(host := runtime()) and host)
-    finally:
-        sys.settrace(None)
+    run(None)
+    run(lambda frame, event, arg: local if frame.f_code in _TRACED else None)
     return count
 
 
@@ -412,9 +430,9 @@ def _free_for_another_thread() -> bool:
     got: list[bool] = []
 
     def take() -> None:
-        got.append(PROCESS.lock.acquire(timeout=10))
+        got.append(Startup._lock.acquire(timeout=10))
         if got[0]:
-            PROCESS.lock.release()
+            Startup._lock.release()
 
     other = threading.Thread(target=take)
     other.start()
@@ -434,36 +452,88 @@ def _run_traced(call: Callable[[], object], trace: Any) -> bool:
     return False
 
 
-def test_an_asynchronous_exception_anywhere_never_strands_state() -> None:
-    # Every line of the hook and of startup_complete, the settling, offer, offer_over,
-    # restore, release and the seam's redirect included (issue 28).
-    points = _lines_run()
-    assert points > 40  # every step of the hook is traced
-    interrupted = 0
-    for point in range(1, points + 1):
-        allocator = ReferenceKVAllocator(1024)
-        host = runtime(allocator=allocator)
-        alive = host.tensors["model.layers.0.mlp.experts.w13_weight"].untyped_storage()._weak_ref()
-        trace = _interrupt_at(point)  # one count over the hook, then startup_complete
-        where = f"interrupted at traced line {point}"
-        if _run_traced(functools.partial(hook, host), trace):
-            interrupted += 1
-            installation = active_installation()
-            if installation is not None:  # kept: then credited, and backed
-                assert installation.offered_bytes == CREDIT and seam_is_ours(), where
-            else:  # restored: then never credited
-                assert allocator.reclaimed_bytes == 0 and not seam_is_ours(), where
-        interrupted += _run_traced(functools.partial(complete, host), trace)  # ends what it made
-        assert active_installation() is None and not seam_is_ours(), where  # stock b12x bound
+@functools.cache
+def _points() -> int:
+    """How many traced lines one start-up runs, hook and startup_complete (counted once)."""
+    return _lines_run()
+
+
+_SLICES = 8  # one test per slice, each well under 30 s: the sweep never goes silent for long
+
+
+def _interrupt_and_check(point: int) -> bool:
+    """Interrupt a start-up at traced line ``point``; the four promises hold after it."""
+    allocator = ReferenceKVAllocator(1024)
+    host = runtime(allocator=allocator)
+    alive = host.tensors["model.layers.0.mlp.experts.w13_weight"].untyped_storage()._weak_ref()
+    trace = _interrupt_at(point)  # one count over the hook, then startup_complete
+    where = f"interrupted at traced line {point}"
+    interrupted = _run_traced(functools.partial(hook, host), trace)
+    if interrupted:
+        kept = installed()
+        if kept is not None:  # kept: then credited, and backed
+            assert kept.offered_bytes == CREDIT and seam_is_ours(), where
+        else:  # restored: then never credited
+            assert allocator.reclaimed_bytes == 0 and not seam_is_ours(), where
+    interrupted |= _run_traced(functools.partial(complete, host), trace)  # ends what it made
+    assert installed() is None and not seam_is_ours(), where  # stock b12x bound
+    assert Startup.active() is None, f"{where}: a start-up was stranded"
+    assert _free_for_another_thread(), f"{where}: the lock was left held"
+    del host
+    if not torch.UntypedStorage._expired(alive):
+        gc.collect()  # only when needed: a full collection takes long on torch's heap
+    assert torch.UntypedStorage._expired(alive), f"{where}: the weights are still held"
+    again = runtime()
+    assert hook(again).reclaimed_bytes == CREDIT, where  # a fresh start-up credits again
+    complete(again)
+    return interrupted
+
+
+@pytest.mark.parametrize("part", range(_SLICES))
+def test_an_asynchronous_exception_anywhere_never_strands_state(part: int) -> None:
+    # Every line of both adapters, the core, the start-up object, the seam and the eviction
+    # (issue 34), from before_first_capture's first line to startup_complete's last.
+    points = _points()
+    assert points > 80  # every step of the hook and of its end is traced
+    mine = range(1 + part, points + 1, _SLICES)
+    assert all(_interrupt_and_check(point) for point in mine)
+
+
+def _block(trace: Any) -> bool:
+    """One evicting_from block, entered and left under ``trace``; whether it was interrupted."""
+    tensors = {"w": torch.zeros(64 * MiB // 4)}
+    block = flare_l2evict.evicting_from(tensors, race_jobs=JOBS, l2_cache_bytes=L2)
+    interrupted = _run_traced(block.__enter__, trace) or _run_traced(
+        lambda: block.__exit__(None, None, None), trace
+    )
+    _DONE.append(block)  # its finalizer runs outside the trace, whatever else runs meanwhile
+    return interrupted
+
+
+_DONE: list[object] = []
+
+
+@functools.cache
+def _block_points() -> int:
+    points = _lines_run(_block)
+    _DONE.clear()
+    return points
+
+
+@pytest.mark.parametrize("part", range(_SLICES // 2))
+def test_an_asynchronous_exception_anywhere_in_a_block_never_strands_state(part: int) -> None:
+    # Both ends of a program's block (issue 34): its entry, the core, its exit.
+    points = _block_points()
+    assert points > 60
+    for point in range(1 + part, points + 1, _SLICES // 2):
+        where = f"interrupted at traced line {point} of a block"
+        assert _block(_interrupt_at(point)), where
+        _DONE.clear()
+        assert not seam_is_ours() and Startup.active() is None, where
         assert _free_for_another_thread(), f"{where}: the lock was left held"
-        del host
-        if not torch.UntypedStorage._expired(alive):
-            gc.collect()  # only when needed: a full collection takes long on torch's heap
-        assert torch.UntypedStorage._expired(alive), f"{where}: the weights are still held"
-        again = runtime()
-        assert hook(again).reclaimed_bytes == CREDIT, where  # nothing stuck
-        complete(again)
-    assert interrupted == points
+        again = {"w": torch.zeros(64 * MiB // 4)}
+        with flare_l2evict.evicting_from(again, race_jobs=JOBS, l2_cache_bytes=L2) as report:
+            assert report.reclaimed_bytes == CREDIT, where  # a fresh block credits again
 
 
 # 5. An allocator whose add_reclaimed is a coroutine function.
@@ -496,20 +566,28 @@ def test_an_async_add_reclaimed_is_refused_before_the_offer(
         warnings.simplefilter("error", RuntimeWarning)  # "coroutine ... was never awaited"
         report = hook(runtime(allocator=allocator))
     assert report.reclaimed_bytes == 0 and "coroutine function" in (report.reason or "")
-    assert active_installation() is None and not seam_is_ours()
+    assert installed() is None and not seam_is_ours()
     (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
     assert line.levelno == logging.WARNING and "async def" in line.getMessage()
-    plugin.finish()
+    end_any()
     with pytest.raises(L2EvictError, match="coroutine function"):
         hook(runtime(allocator=allocator, config=RAISE))
 
 
 # 6. on_error = "raise" raises on every outcome that falls back.
+class EndingMappingStandIn(dict[str, torch.Tensor]):
+    """The host's resident tensors, whose first iteration ends the start-up (as another thread's
+    startup_complete would, while the plugin reads the mapping)."""
+
+    def __iter__(self) -> Iterator[str]:
+        end_any()  # startup_complete, while the hook runs
+        return super().__iter__()
+
+
 def _ends_itself_during_the_hook() -> ReferenceRuntime:
     class EndingRuntimeStandIn(ReferenceRuntime):
         def resident_tensors(self) -> Any:
-            plugin.finish()  # startup_complete, while the hook runs
-            return super().resident_tensors()
+            return EndingMappingStandIn(super().resident_tensors())
 
     base = runtime(config=RAISE)
     return EndingRuntimeStandIn(**{k: getattr(base, k) for k in base.__dataclass_fields__})
@@ -537,7 +615,7 @@ def test_on_error_raise_raises_on_every_fallback(case: str) -> None:
         hook(host)
     assert cause in str(raised.value) and "\n" not in str(raised.value)
     assert host.kv_allocator.reclaimed_bytes == 0
-    assert active_installation() is None and not seam_is_ours()
+    assert installed() is None and not seam_is_ours()
 
 
 def test_on_error_raise_raises_on_a_refused_repeated_call_and_keeps_the_first() -> None:
@@ -603,13 +681,13 @@ def test_a_credited_start_up_outlives_its_runtime_object_and_ends_by_its_report(
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
         assert complete(runtime()).credited_bytes == 0  # model B's call
         assert complete(None).credited_bytes == 0  # startup_complete(runtime=None)
-    assert seam_is_ours() and active_installation() is not None  # A's races still read A's
+    assert seam_is_ours() and installed() is not None  # A's races still read A's
     lines = [r.getMessage() for r in caplog.records if r.name == "flare_l2evict"]
     assert len(lines) == 2 and all("changed nothing" in line for line in lines)
     assert all(f"credit of {CREDIT:,} bytes stands" in line for line in lines)
     ended = complete(report)  # the documented way: the report before_first_capture returned
     assert ended.credited_bytes == CREDIT and not seam_is_ours()
-    assert active_installation() is None
+    assert installed() is None
     fresh = runtime()
     assert hook(fresh).reclaimed_bytes == CREDIT
     complete(fresh)
@@ -623,7 +701,7 @@ def test_restore_while_the_credit_stands_is_audited_as_shortfall(
     host = runtime()
     assert hook(host).reclaimed_bytes == CREDIT
     flare_l2evict.restore()  # an operator's, or the allocator's own, after the credit
-    assert not seam_is_ours() and active_installation() is None
+    assert not seam_is_ours() and installed() is None
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
         audit = complete(host)
     assert audit.credited_bytes == CREDIT and audit.shortfall_bytes == CREDIT and audit.warns
@@ -649,7 +727,7 @@ def test_startup_complete_never_raises_when_the_fork_refuses_none(
     assert hook(host).mechanism == "fork" and handed
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
         audit = complete(host)  # must not raise
-    assert audit.mechanism == "fork" and active_installation() is None
+    assert audit.mechanism == "fork" and installed() is None
     (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
     assert line.levelno == logging.WARNING and "RESTORE FAILED: ValueError" in line.getMessage()
 
@@ -734,24 +812,20 @@ def _restore_at(function: Callable[..., Any], text: str) -> Callable[[Any, str, 
 @pytest.mark.parametrize(
     ("where", "text"),
     [
-        ("core.start", "report = report_of("),  # after the agreement, before the offer
-        ("Installation.offer", "self._offer = _Offer("),  # inside the offer's lock
-        ("Process.install", "apply()"),  # recorded, b12x not changed yet
-        ("patch._rebind", "setattr(owner, name, replacement)"),  # mid-patch
+        ("core._run", "report = _report_of("),  # after the agreement, before the offer
+        ("Startup.offer", "if self._move(Phase.INSTALLED, Phase.OFFERING):"),  # its commit
+        ("Startup.install", "seam.install(eviction, self._undo)"),  # b12x not changed yet
+        ("seam._rebind", "setattr(owner, name, replacement)"),  # mid-patch
     ],
 )
 def test_a_restore_during_the_hook_never_leaves_a_credit_unbacked_or_the_seam_patched(
     where: str, text: str
 ) -> None:
-    from flare_l2evict import _core
-    from flare_l2evict._install import Installation
-    from flare_l2evict._lifecycle import Process
-
     function: Callable[..., Any] = {  # type: ignore[assignment]
-        "core.start": _core.start,
-        "Installation.offer": Installation.offer,
-        "Process.install": Process.install,
-        "patch._rebind": patch._rebind,
+        "core._run": _core._run,
+        "Startup.offer": Startup.offer,
+        "Startup.install": Startup.install,
+        "seam._rebind": seam._rebind,
     }[where]
     tracer = _restore_at(function, text)
     host = runtime()
@@ -769,7 +843,7 @@ def test_a_restore_during_the_hook_never_leaves_a_credit_unbacked_or_the_seam_pa
     assert not granted or backed or audit.shortfall_bytes == granted, (where, granted, audit)
     if not granted:
         assert "restore()" in (report.reason or ""), report.reason
-    assert not seam_is_ours() and active_installation() is None and PROCESS.startup is None
+    assert not seam_is_ours() and installed() is None and Startup.active() is None
     fresh = runtime()
     assert hook(fresh).reclaimed_bytes > 0 and seam_is_ours()
     complete(fresh)
@@ -781,7 +855,7 @@ def test_an_exception_at_the_entry_of_a_blocks_exit_still_ends_its_start_up() ->
     class Interrupt(KeyboardInterrupt):
         pass
 
-    exit_code = flare_l2evict._evicting._Block.__exit__.__code__
+    exit_code = _program._Block.__exit__.__code__
     fired: list[bool] = []
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
@@ -798,6 +872,6 @@ def test_an_exception_at_the_entry_of_a_blocks_exit_still_ends_its_start_up() ->
     sys.settrace(None)
     gc.collect()
     assert fired and not seam_is_ours()
-    assert active_installation() is None and PROCESS.startup is None
+    assert installed() is None and Startup.active() is None
     with flare_l2evict.evicting_from({"w": weights}, race_jobs=JOBS, l2_cache_bytes=L2) as again:
         assert again.reclaimed_bytes > 0

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 from support.figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
+from support.startups import installed
 
 import flare_l2evict
 from flare_l2evict import L2EvictError, PluginNotFoundError
 from flare_l2evict._eviction import WeightEviction
-from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools.reference_host import (
     PROFILES,
     DeviceProfile,
@@ -122,7 +122,7 @@ def test_hook_twice_credits_once(make_runtime: Callable[..., ReferenceRuntime]) 
     second = pm.hook.before_first_capture(runtime=runtime)[0]
     assert first.reclaimed_bytes > 0
     assert second.reclaimed_bytes == 0 and "repeated call" in second.reason
-    assert "Installation(stock-seam, 'w' on cpu" in second.reason  # names what is active
+    assert "Startup(stock-seam, 'w' on cpu" in second.reason  # names what is active
     assert measurement._l2_flush_fn is seam
     assert runtime.kv_allocator.reports == [first]  # the second touched no allocator
     pm.hook.startup_complete(runtime=runtime)
@@ -150,7 +150,7 @@ def test_fallbacks_report_zero_with_the_reason(
     assert report.reclaimed_bytes == 0 and reason in report.reason
     assert report.mechanism == "none"
     assert measurement._l2_flush_fn.__name__ == "_l2_flush_fn"
-    assert active_installation() is None
+    assert installed() is None
     lines = [r for r in caplog.records if r.name.startswith("flare_l2evict")]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING
 
@@ -184,7 +184,7 @@ def test_on_error_raise_restores_then_raises(
     )
     with pytest.raises(L2EvictError, match=r"on_error = 'raise'.*torch said no"):
         plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)
-    assert active_installation() is None
+    assert installed() is None
     assert runtime.kv_allocator.reclaimed_bytes == 0
 
 

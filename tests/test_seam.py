@@ -18,12 +18,12 @@ from support.fake_b12x import (
     write_moved_fake,
 )
 from support.figures import MiB
+from support.startups import end_any, installed
 
-from flare_l2evict import ReclaimReport, StartupAudit, plugin
+from flare_l2evict import ReclaimReport, StartupAudit
 from flare_l2evict._b12x import table as _seam_table
 from flare_l2evict._credit import CREDIT_OVERHEAD_BYTES
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools.reference_host import ReferenceRuntime, plugin_manager
 
 L2 = 8 * MiB  # the fakes' L2; stock's window is then max(16 MiB, 64 MiB) = 64 MiB
@@ -130,8 +130,8 @@ def test_a_release_the_plugin_cannot_serve_is_refused_and_credited_zero(
     report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
     assert report.reclaimed_bytes == 0 and reason in report.reason
     assert runtime.kv_allocator.reclaimed_bytes == 0
-    assert active_installation() is None
-    plugin.finish()
+    assert installed() is None
+    end_any()
 
 
 def test_weights_freed_mid_startup_show_as_a_shortfall_in_the_audit(
@@ -259,4 +259,4 @@ def test_a_stock_buffer_that_cannot_be_sized_credits_nothing(
         runtime=make_runtime(weights, l2_cache_bytes=L2, race_jobs=JOBS)
     )[0]
     assert report.reclaimed_bytes == 0 and "no storage" in (report.reason or "")
-    assert active_installation() is None
+    assert installed() is None

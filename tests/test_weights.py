@@ -36,12 +36,12 @@ import torch
 import torch.utils.dlpack
 from support.figures import MiB
 from support.freed_memory import freed
+from support.startups import eviction_of, installed
 from support.sums import total_bytes
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flare_l2evict import WeightsError
 from flare_l2evict._decision import choose_regions
-from flare_l2evict._lifecycle import active_installation
 from flare_l2evict._text import described_value
 from flare_l2evict._weights import storages_of, weight_choice
 from flare_l2evict.tools._choose_weights import choose_weights
@@ -307,7 +307,7 @@ def test_fresh_copies_from_resident_tensors_are_not_credited() -> None:
     assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
     assert (report.reason or "").startswith("nothing but the plugin holds the storage of 'w'")
     assert "fix: resident_tensors() must return the tensors" in (report.reason or "")
-    assert active_installation() is None
+    assert installed() is None
     assert getattr(measurement, stock_row().function).__module__ == measurement.__name__
 
 
@@ -316,9 +316,9 @@ def test_the_hosts_own_tensors_are_credited_and_dropping_them_later_falls_back()
     host = runtime(weights)
     (report,) = PM.hook.before_first_capture(runtime=host)
     assert report.reclaimed_bytes > 0  # held by the host: credited as before
-    installed = active_installation()
-    assert installed is not None
-    eviction = installed.eviction
+    startup = installed()
+    assert startup is not None
+    eviction = eviction_of(startup)
     eviction()  # reads the weights
     weights.clear()  # the host drops them: only the plugin would keep them alive
     eviction()
@@ -344,9 +344,9 @@ def test_weights_the_host_holds_by_other_handles_are_still_the_hosts(kept: str) 
     del tensors, base
     if kept == "storage-object":
         model.clear()  # only the storage object is left to the host
-    installed = active_installation()
-    assert installed is not None
-    installed.eviction()
+    startup = installed()
+    assert startup is not None
+    eviction_of(startup)()
     audit = PM.hook.startup_complete(runtime=host)[0]
     assert audit.fallback_reason is None and audit.shortfall_bytes == 0, audit.summary()
     assert storage.nbytes() == 128 * MiB
@@ -376,9 +376,9 @@ def test_a_mode_that_recorded_the_hooks_ops_does_not_make_the_hosts_weights_look
     assert recorder.seen  # it saw the plugin's own ops (its views) while the hook ran
     recorder.seen.clear()  # the recorder is flushed; the model keeps its parameter
     host.tensors = {}
-    installed = active_installation()
-    assert report.reclaimed_bytes > 0 and installed is not None, report.reason
-    installed.eviction()
+    startup = installed()
+    assert report.reclaimed_bytes > 0 and startup is not None, report.reason
+    eviction_of(startup)()
     audit = PM.hook.startup_complete(runtime=host)[0]
     assert audit.fallback_reason is None and audit.shortfall_bytes == 0, audit.summary()
 

@@ -24,7 +24,6 @@ import torch
 from flare_l2evict._b12x.proof import measure_basis
 from flare_l2evict._credit import stock_window_bytes
 from flare_l2evict._eviction import Kernel, WeightEviction
-from flare_l2evict._lifecycle import restore
 from flare_l2evict._settings import L2EvictSettings
 from flare_l2evict._weights import WeightChoice
 from flare_l2evict.tools._choose_weights import choose_weights, install
@@ -205,15 +204,18 @@ def _races(
                 order = WAYS[repeat % len(WAYS) :] + WAYS[: repeat % len(WAYS)]
                 latencies: dict[str, tuple[float, ...]] = {}
                 for way in order:
+                    installed = None
                     if way == "plugin":
                         chosen = _choice_at(weights, window)
                         settings = L2EvictSettings.model_construct(window=chosen.window_bytes)
-                        install(chosen, measure_basis(device, None, settings, 0), kernel="triton")
+                        basis = measure_basis(device, None, settings, 0)
+                        installed = install(chosen, basis, kernel="triton")
                     try:
                         eviction = no_eviction if way == "none" else None  # None: b12x's lookup
                         latencies[way] = run_race(calls, device, eviction).latencies_us
                     finally:
-                        restore()
+                        if installed is not None:
+                            installed.end()
                 repeats_seen.append(latencies)
             rows.append({"shape": [m, n, k], "repeats": repeats_seen})
             winners = [",".join(f"{w}={_winner(r[w])}" for w in WAYS) for r in repeats_seen]
@@ -391,11 +393,11 @@ def run_bench(
         result["memory"] = {"stock": _allocated(seam_call, device)}
         chosen = _choice_at(weights, window)
         settings = L2EvictSettings.model_construct(window=chosen.window_bytes)
-        install(chosen, measure_basis(device, None, settings, 0), kernel="triton")
+        installed = install(chosen, measure_basis(device, None, settings, 0), kernel="triton")
         try:
             result["memory"]["plugin"] = _allocated(seam_call, device)
         finally:
-            restore()
+            installed.end()
         done("memory", started)
 
     # 3. Cost at the default window against the HBM read floor measured here.

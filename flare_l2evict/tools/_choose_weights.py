@@ -13,12 +13,13 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from .._b12x.proof import CreditBasis
+from .._b12x.seam import seam_for
+from .._credit import Credit
 from .._decision import choose_regions
-from .._errors import WeightsError
-from .._eviction import Kernel
-from .._install import Installation
-from .._lifecycle import PROCESS
-from .._report import HOST, Words
+from .._errors import InstallError, WeightsError
+from .._eviction import Kernel, WeightEviction
+from .._report import HOST, StartupAudit, Wording
+from .._startup import Busy, Startup
 from .._weights import WeightChoice, storages_of, weight_choice
 
 
@@ -46,8 +47,50 @@ def choose_weights(
     return weight_choice(choice, storages, device)
 
 
+class Installed:
+    """An eviction installed outside any host's or program's start-up (benches and tests).
+
+    It is a start-up of its own (:class:`~flare_l2evict._startup.Startup`, owned by this
+    object), installed and never offered: :meth:`end` audits it, puts stock b12x back and
+    frees the process's one start-up slot; :meth:`restore` only puts stock b12x back.
+    """
+
+    def __init__(
+        self, choice: WeightChoice, basis: CreditBasis, kernel: Kernel, wording: Wording
+    ) -> None:
+        began = Startup.begin(self, object(), wording)
+        if isinstance(began, Busy):
+            raise InstallError(
+                f"{began.active} is already active in this process; fix: end it "
+                "(startup_complete, or Installed.end()) before installing again"
+            )
+        self.startup = began
+        try:
+            seam = seam_for(basis)
+            self.mechanism = seam.mechanism
+            self.eviction = WeightEviction(
+                choice, fallback=seam.fallback(choice.device), kernel=kernel, until=wording.ends
+            )
+            began.install(seam, self.eviction, Credit(0, "installed by a tool, never offered"))
+        except BaseException:
+            self.end()
+            raise
+
+    def audit(self) -> StartupAudit:
+        return self.startup.audit()
+
+    def restore(self) -> None:
+        self.startup.restore()
+
+    def end(self) -> StartupAudit:
+        return Startup.end(self)
+
+    def __repr__(self) -> str:
+        return repr(self.startup)
+
+
 def install(
-    choice: WeightChoice, basis: CreditBasis, *, kernel: Kernel = "auto", words: Words = HOST
-) -> Installation:
-    """Install ``choice`` in this process on a measured ``basis`` (see ``Process.install``)."""
-    return PROCESS.install(choice, basis, words, kernel)
+    choice: WeightChoice, basis: CreditBasis, *, kernel: Kernel = "auto", words: Wording = HOST
+) -> Installed:
+    """Install ``choice`` in this process on a measured ``basis``; ``end()`` undoes it."""
+    return Installed(choice, basis, kernel, words)

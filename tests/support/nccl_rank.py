@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 from flare_l2evict import hookimpl
-from flare_l2evict._lifecycle import active_installation
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_example_checkpoint
 from support.figures import KV_BYTES_PER_TOKEN
+from support.startups import eviction_of, installed
 
 
 class StorageDeviceCheck:
@@ -29,9 +29,9 @@ class StorageDeviceCheck:
 
     @hookimpl(trylast=True)
     def before_first_capture(self, runtime: object) -> None:
-        installation = active_installation()
-        if installation is not None:
-            self.devices = sorted({str(v.device) for v in installation.eviction.views()})
+        startup = installed()
+        if startup is not None:
+            self.devices = sorted({str(v.device) for v in eviction_of(startup).views()})
 
 
 def rank_main(rank: int, world_size: int, directory: str) -> None:

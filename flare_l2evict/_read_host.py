@@ -1,56 +1,29 @@
-"""Read the host's ``runtime`` once, defensively, against the contract in :mod:`.hookspecs`.
+"""Read the host's ``runtime`` once, defensively, into the core's request (:func:`request_from`).
 
-Any attribute may be a property that raises: each is read exactly once (:func:`snapshot`), what
-reading it raised kept as a fact, so no host behaviour escapes the hook's fallback guard.
+Any attribute may be a property that raises: each is read exactly once (:func:`snapshot`),
+what reading it raised kept as a fact, so no host behaviour escapes as an exception. Nothing
+here runs under the plugin's lock: the start-up has not begun when the host is read.
 """
 
 from __future__ import annotations
 
 import inspect
-import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from . import _request
 from ._errors import RuntimeContractError
+from ._report import HOST
+from ._request import KVSizing, OutOfBounds, Placement, Refused, Request, whole_number
+from ._settings import L2EvictSettings, read_section, settings_from_section, wants_raise
 from ._text import described, described_value
 from .hookspecs import RUNTIME_ATTRIBUTES
 
-MAX_RACE_JOBS = 1024
-"""More concurrent race jobs than any b12x start-up holds; above it the value is a host bug."""
-
-MAX_L2_BYTES = 1 << 32
-"""4 GiB: far above any GPU's L2 (128 MiB on GB202); above it the value is a host bug."""
-
 _CONTRACT = "see flare_l2evict.FlareRuntime"
 _MISSING = object()
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where this process sits, read leniently (:func:`placement`): valid from any runtime."""
-
-    device: str
-    rank: int
-    world_size: int
-    process_group: object | None
-
-
-@dataclass(frozen=True)
-class RuntimeFacts:
-    """What :func:`read_runtime` checked and the core reads.
-
-    ``device`` is ``cpu`` or ``cuda``; ``race_jobs`` in ``0..MAX_RACE_JOBS``; ``l2_cache_bytes``
-    ``None`` (read from CUDA) or in ``1..MAX_L2_BYTES``; ``add_reclaimed`` not ``async``.
-    """
-
-    device: torch.device
-    race_jobs: int
-    l2_cache_bytes: int | None
-    add_reclaimed: Callable[[Any], object]
-    resident_tensors: Callable[[], object]
 
 
 @dataclass(frozen=True)
@@ -78,18 +51,12 @@ class Snapshot:
             f"runtime.{name} {got}: the host must pass {accepts} ({_CONTRACT})"
         )
 
-    def device(self) -> torch.device:
-        device = _device(self.get("device"))
-        if device is None:
-            raise self.bad("device", "a torch.device of type cuda (or cpu on the reference host)")
-        if device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise self.bad(
-                    "device", "a device this process can use (CUDA is not available here)"
-                )
-            if device.index is not None and device.index >= torch.cuda.device_count():
-                raise self.bad("device", f"a CUDA device in 0..{torch.cuda.device_count() - 1}")
-        return device
+    def checked(self, name: str, check: Callable[[object], Any]) -> Any:
+        """``check`` of the attribute's value; :class:`OutOfBounds` becomes the host's line."""
+        try:
+            return check(self.get(name))
+        except OutOfBounds as bounds:
+            raise self.bad(name, bounds.accepts) from None
 
     def topology(self) -> None:
         """``rank`` and ``world_size`` checked, and the ``process_group`` against both."""
@@ -104,17 +71,6 @@ class Snapshot:
             raise self.bad("process_group", "the tensor-parallel process group when world_size > 1")
         if group is not None:
             _check_group(group, rank, world)
-
-    def l2_cache_bytes(self, device: torch.device) -> int | None:
-        l2_value = self.get("l2_cache_bytes")
-        l2 = None if l2_value is None else whole_number(l2_value)
-        if l2_value is not None and (l2 is None or not 0 < l2 <= MAX_L2_BYTES):
-            raise self.bad(
-                "l2_cache_bytes", f"None or a whole number of bytes in 1..{MAX_L2_BYTES:,}"
-            )
-        if l2 is None and device.type != "cuda":
-            raise self.bad("l2_cache_bytes", f"the L2 size in bytes on a {device.type} device")
-        return l2
 
 
 def snapshot(runtime: object) -> Snapshot:
@@ -137,29 +93,6 @@ def snapshot(runtime: object) -> Snapshot:
     return Snapshot(values, errors, add)
 
 
-def whole_number(value: object) -> int | None:
-    try:  # isinstance itself reads __class__, which a host's object may make raise
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            return None
-        whole = int(value)
-    except Exception:  # an Integral of the host's whose __int__ raises
-        return None
-    return whole if type(whole) is int else None
-
-
-def _device(value: object) -> torch.device | None:
-    try:
-        if type(value) is torch.device:
-            device = value
-        elif isinstance(value, str):
-            device = torch.device(str.__str__(value))
-        else:
-            return None
-    except Exception:  # not a device torch knows, or a str subclass of the host's
-        return None
-    return device if device.type in ("cpu", "cuda") else None
-
-
 def placement(seen: Snapshot) -> Placement:
     """What a report needs to name this process, whatever the host passed; never raises."""
     group = seen.get("process_group")
@@ -175,7 +108,7 @@ def placement(seen: Snapshot) -> Placement:
         if rank is None or world is None or not 0 <= rank < world:
             rank, world = 0, 1
         raw_device = seen.values["device"]
-        device = _device(raw_device)
+        device = _request.device_named(raw_device)
         if device is not None:
             where = str(device)
         elif raw_device is _MISSING:
@@ -187,36 +120,98 @@ def placement(seen: Snapshot) -> Placement:
     return Placement(where, rank, world, group)
 
 
-def read_runtime(seen: Snapshot) -> RuntimeFacts:
-    """The checked runtime, or :class:`RuntimeContractError` naming the first bad attribute."""
+def request_from(runtime: object) -> Request | Refused:
+    """The core's request for ``runtime``, or the refusal naming its first bad attribute.
+
+    Never raises an ``Exception``. Settings are read first, so ``on_error = "raise"``
+    covers the runtime's faults too; ``resident_tensors()`` is called once, last, and
+    only when the plugin is enabled.
+    """
+    seen = snapshot(runtime)
+    where = placement(seen)
+    settings: L2EvictSettings | None = None
+    raising = False
+    try:
+        config = seen.get("config")
+        if config is not None and not isinstance(config, Mapping):
+            raise seen.bad("config", "the deployment config as a mapping")
+        section = read_section(config)
+        raising = wants_raise(section)
+        settings = settings_from_section(section)
+        raising = settings.on_error == "raise"
+        return _checked(runtime, seen, where, settings, raising)
+    except Exception as error:
+        kv_sizing = _kv_sizing_or_reserved(seen)
+        return Refused(runtime, HOST, where, settings, raising, error, kv_sizing)
+
+
+def _checked(
+    runtime: object, seen: Snapshot, where: Placement, settings: L2EvictSettings, raising: bool
+) -> Request:
+    """Every contract attribute checked (:mod:`._request`'s bounds), in the contract's order."""
     for name in RUNTIME_ATTRIBUTES:
         if name in seen.errors and name != "kv_allocator":
             raise seen.bad(name, "an attribute that can be read")
-    device = seen.device()
+    device = seen.checked("device", _request.usable_device)
     seen.topology()
-    config = seen.get("config")
-    if config is not None and not isinstance(config, Mapping):
-        raise seen.bad("config", "the deployment config as a mapping")
-    jobs = whole_number(seen.get("race_jobs"))
-    if jobs is None or not 0 <= jobs <= MAX_RACE_JOBS:
-        raise seen.bad("race_jobs", f"a whole number in 0..{MAX_RACE_JOBS}")
-    l2 = seen.l2_cache_bytes(device)
-    add = seen.add_reclaimed
-    if "kv_allocator" in seen.errors or add is None:
-        raise seen.bad("kv_allocator", "an object with add_reclaimed(report)")
+    jobs = seen.checked("race_jobs", _request.race_jobs)
+    l2 = seen.checked("l2_cache_bytes", lambda value: _request.l2_cache_bytes(value, device))
+    kv_sizing = seen.checked("kv_sizing", _kv_sizing)
+    add = None if kv_sizing == "measured" else _add_reclaimed(seen)
     tensors = seen.get("resident_tensors")
     if not callable(tensors):
         raise seen.bad("resident_tensors", "a method returning the resident tensors by name")
-    call = getattr(type(add), "__call__", None)  # noqa: B004  # the class's, for callable objects
-    if inspect.iscoroutinefunction(add) or (
-        not inspect.isroutine(add) and inspect.iscoroutinefunction(call)
-    ):  # an async def add_reclaimed would never run: refused before anything is offered
-        raise RuntimeContractError(
-            "runtime.kv_allocator.add_reclaimed is a coroutine function (async def): the plugin "
-            "calls it synchronously, so its credit would never be applied; fix: make "
-            "add_reclaimed a plain function that grows the KV budget before returning"
+    return Request(
+        owner=runtime,
+        wording=HOST,
+        placement=where,
+        settings=settings,
+        raising=raising,
+        device=device,
+        race_jobs=jobs,
+        l2_cache_bytes=l2,
+        kv_sizing=kv_sizing,
+        add=add,
+        tensors=_resident(tensors) if settings.enabled else None,
+    )
+
+
+def _kv_sizing(value: object) -> KVSizing:
+    if value is None:  # a host that says nothing sizes as the seed's flare does
+        return "reserved"
+    if type(value) is str and value in ("reserved", "measured"):
+        return "reserved" if value == "reserved" else "measured"
+    raise OutOfBounds("kv_sizing", "'reserved' (a budget set aside before the races) or 'measured'")
+
+
+def _kv_sizing_or_reserved(seen: Snapshot) -> KVSizing:
+    try:
+        return _kv_sizing(seen.get("kv_sizing"))
+    except OutOfBounds:
+        return "reserved"
+
+
+def _add_reclaimed(seen: Snapshot) -> Callable[[Any], object]:
+    """``kv_allocator.add_reclaimed``, refused if it would never run (async, a generator)."""
+    add = seen.add_reclaimed
+    if "kv_allocator" in seen.errors or add is None:
+        raise seen.bad(
+            "kv_allocator",
+            "an object with add_reclaimed(report) (or runtime.kv_sizing = 'measured')",
         )
-    return RuntimeFacts(device, jobs, l2, add, tensors)
+    call = getattr(type(add), "__call__", None)  # noqa: B004  # the class's, for callable objects
+    for never_runs, what in (
+        (inspect.iscoroutinefunction, "a coroutine function (async def)"),
+        (inspect.isgeneratorfunction, "a generator function (its body runs only when iterated)"),
+        (inspect.isasyncgenfunction, "an async generator function"),
+    ):
+        if never_runs(add) or (not inspect.isroutine(add) and never_runs(call)):
+            raise RuntimeContractError(
+                f"runtime.kv_allocator.add_reclaimed is {what}: the plugin calls it "
+                "synchronously, so its credit would never be applied; fix: make add_reclaimed "
+                "a plain function that grows the KV budget before returning"
+            )
+    return add
 
 
 def _check_group(group: object, rank: int, world: int) -> None:
@@ -242,10 +237,10 @@ def _check_group(group: object, rank: int, world: int) -> None:
         )
 
 
-def read_tensors(facts: RuntimeFacts) -> Mapping[str, torch.Tensor]:
+def _resident(resident_tensors: Callable[[], object]) -> Mapping[str, torch.Tensor]:
     """``resident_tensors()``, called once, checked to be a mapping; bounded time whatever it is."""
     try:
-        found = facts.resident_tensors()
+        found = resident_tensors()
     except Exception as error:
         raise RuntimeContractError(
             f"runtime.resident_tensors() raised {described(error, 200)}: the host must return the "

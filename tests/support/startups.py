@@ -1,0 +1,41 @@
+"""Reaching the process's start-up from tests: what is active, what it reads, ending it.
+
+The runtime offers no affordance for tests (issue 34); these read the one owner,
+:class:`flare_l2evict._startup.Startup`, from outside.
+"""
+
+from __future__ import annotations
+
+from flare_l2evict import StartupAudit
+from flare_l2evict._eviction import WeightEviction
+from flare_l2evict._startup import Phase, Startup
+
+
+def active() -> Startup | None:
+    """The start-up in progress, if any."""
+    return Startup.active()
+
+
+def installed() -> Startup | None:
+    """The active start-up if it holds an install (races read weights), else ``None``."""
+    found = Startup.active()
+    holding = (Phase.INSTALLED, Phase.OFFERING, Phase.CREDITED, Phase.ENDING)
+    return found if found is not None and found.phase in holding else None
+
+
+def eviction_of(startup: Startup) -> WeightEviction:
+    """What the start-up's races run before each sample."""
+    eviction = startup._eviction
+    assert eviction is not None, startup
+    return eviction
+
+
+def end_any() -> StartupAudit:
+    """End whatever start-up is active, as ``startup_complete`` with what ends it would."""
+    found = Startup.active()
+    if found is None:
+        return StartupAudit(mechanism="none")
+    for ender in (found._owner(), found.report, *found._handed, None):
+        if found.ends_with(ender):
+            return Startup.end(ender)
+    raise AssertionError(f"nothing ends {found!r}")
