@@ -495,3 +495,59 @@ def test_the_first_questions_are_answered_before_the_config() -> None:
         "nothing persists",
     ):
         assert needed in answers, needed
+
+
+def _section(text: str, heading: str) -> str:
+    """One ``## `` section of a page, up to the next heading of the same level."""
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_flare_run_says_flare_is_unpublished_and_how_to_try_the_plugin_without_it() -> None:
+    # Issue 35: `flare run` exits 127 on every machine, as flare is not published.
+    using = _section(README.read_text(encoding="utf-8"), "Using it with flare")
+    (host,) = blocks("bash", "host")
+    run_line = next(line for line in host.text.splitlines() if line.startswith("flare run"))
+    assert "flare is not published" in run_line
+    note = " ".join(using[using.index("```\n\n") :].split()[:120])
+    assert "flare itself is not published" in note and "exit 127" in note
+    assert "`flare-l2evict startup --plugin l2evict`" in note
+    assert "`flare_l2evict.evicting_from`" in note and "(#without-flare)" in note
+
+
+def test_the_first_page_leaves_reference_detail_to_docs() -> None:
+    """The config limits, the CI machine's notes and the KV-token arithmetic live in docs/,
+    where each limit is the code's own figure."""
+    from flare_l2evict import _settings, _text
+    from flare_l2evict.tools import _config_file
+
+    readme = README.read_text(encoding="utf-8")
+    for detail in ("pip does not cache", "1 MiB (", "200 characters", "8 globs", "floor("):
+        assert detail not in readme, detail
+    config = " ".join((DOCS / "configuration.md").read_text(encoding="utf-8").split())
+    assert _config_file.MAX_CONFIG_BYTES == 1 << 20 and "at most 1 MiB" in config
+    assert f"cut to {_text.LIMIT} characters" in config
+    assert (
+        f"at most {_settings.MAX_EXCLUDE_PATTERNS} globs, each of at most "
+        f"{_settings.MAX_PATTERN_CHARS:,} characters and {_settings.MAX_PATTERN_STARS} `*`"
+    ) in config
+    installing = (DOCS / "installing.md").read_text(encoding="utf-8")
+    assert "a local mirror, which pip does not cache" in installing
+    assert "floor(B / bytes per token)" in (DOCS / "planning.md").read_text(encoding="utf-8")
+
+
+def test_the_measured_install_figures_stand_beside_the_install_command() -> None:
+    text = README.read_text(encoding="utf-8")
+    command = text.index("pip install torch==2.13.0 -e '.[flashinfer]' && flare-l2evict startup")
+    paragraph = text[command:].split("```\n\n", 1)[1].split("\n\n", 1)[0]
+    sentences = [s for s in " ".join(paragraph.split()).split(". ") if s]
+    # One short sentence: the figures and a link to how they were measured, not the notes.
+    assert len(sentences) == 1 and len(sentences[0]) <= 200, sentences
+    row = next(
+        line
+        for line in (DOCS / "installing.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("| `pip install torch==2.13.0 -e '.[flashinfer]'`")
+    )
+    for figure in ("2 min 49 s", "2.6 GB"):
+        assert figure in sentences[0] and figure in row, figure

@@ -128,17 +128,28 @@ def test_a_truncated_shipped_release_table_is_one_line(
 
 
 def test_an_mmap_refused_for_memory_is_one_line(tmp_path: Path) -> None:
-    """A real refusal: a 64 GiB sparse checkpoint under an 12 GB address-space limit."""
+    """A real refusal: a 64 GiB sparse checkpoint under an 12 GB address-space limit.
+
+    The machine is said to have 1 TiB available, so the refusal of what it cannot
+    hold (tests/test_machine_memory.py) lets the load reach the mmap.
+    """
     from flare_l2evict.tools.reference_host._example import write_headers
 
     big = write_headers(tmp_path / "big.safetensors", [("w", "F32", (16 << 10, 1 << 20))])
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemAvailable:   {1 << 30} kB\n")
     limit = 12 << 30
 
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
+    cli = (
+        "import sys; from pathlib import Path; from flare_l2evict.tools import _machine_memory; "
+        "_machine_memory.MEMINFO = Path(sys.argv[1]); "
+        "from flare_l2evict.tools._cli import main; raise SystemExit(main(sys.argv[2:]))"
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "flare_l2evict", "startup", str(big)],
+        [sys.executable, "-c", cli, str(meminfo), "startup", str(big)],
         capture_output=True,
         text=True,
         preexec_fn=cap,  # the limit must hold in the child only

@@ -623,7 +623,15 @@ def _example(args: argparse.Namespace) -> int:
     # Sized for the largest stock window of any profile (gb202's), so one example serves
     # every profile and a GPU's own L2 alike.
     profile = PROFILES[DEFAULT_PROFILE]
-    written = write_example(args.out, stock_window_bytes(profile.l2_cache_bytes))
+    try:
+        written = write_example(args.out, stock_window_bytes(profile.l2_cache_bytes))
+    except KeyboardInterrupt:  # write_example put DIR back as it was before it re-raised
+        _error(
+            "example",
+            f"interrupted; nothing written to {shown(str(args.out))}",
+            "run the command again",
+        )
+        return 130
     print(
         _wrapped(
             f"wrote {len(written)} files to {shown(str(args.out))} (the embedded example; "

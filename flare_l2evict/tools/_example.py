@@ -7,13 +7,12 @@ TOML, YAML and JSON, and ``COMMANDS.md``, the commands to try on them.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import secrets
 import shlex
 import textwrap
 from pathlib import Path
+
+from ._all_or_nothing import write_all
 
 CONFIG_TOML = """\
 [plugins.l2evict]
@@ -141,15 +140,15 @@ def _refuse_links(out: Path) -> None:
 def write_example(out: Path, window_bytes: int, *, shown_as: str | None = None) -> list[Path]:
     """Write every example file into ``out`` (made if missing) and return their paths.
 
+    All or nothing (:func:`~flare_l2evict.tools._all_or_nothing.write_all`):
+    interrupted or failed, ``out`` is left as it was, and the error says so.
     Only the files named here are written; others in ``out`` are left alone.
     ``shown_as`` is how ``COMMANDS.md`` names the directory (default: ``out``).
-    Nothing outside ``out`` changes: each file is written through
-    :func:`_write_in`, never through a link found at its name.
+    Nothing outside ``out`` changes: a link found at a name is moved aside as
+    a directory entry, never followed.
     """
     from .reference_host._example import example_specs, safetensors_head
 
-    out.mkdir(parents=True, exist_ok=True)
-    _refuse_links(out)
     specs = example_specs(window_bytes)
     half = (len(specs) + 1) // 2
     weight_map: dict[str, str] = {}
@@ -174,39 +173,6 @@ def write_example(out: Path, window_bytes: int, *, shown_as: str | None = None) 
         ("COMMANDS.md", commands_note(shown_as or str(out))),
     ):
         files.append((name, text.encode("utf-8"), None))
-    # One descriptor for the directory: every name below is resolved in the directory
-    # that was checked, even if its path is swapped for a link meanwhile.
-    directory = os.open(out, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
-    try:
-        for name, data, size in files:
-            _write_in(directory, name, data, size)
-    finally:
-        os.close(directory)
+    # The links are refused once DIR exists: a refusal then removes a DIR it made.
+    write_all(out, files, check=_refuse_links)
     return [out / name for name, _, _ in files]
-
-
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-def _write_in(directory: int, name: str, data: bytes, size: int | None = None) -> None:
-    """Make ``name`` in ``directory`` a new file holding ``data`` (a hole up to ``size``).
-
-    The data go to a new temporary file, created with ``O_EXCL | O_NOFOLLOW``
-    (no name planted there is followed or reused), then :func:`os.replace`
-    moves it over ``name``. A hard link or a symlink found at ``name``, even
-    one planted after :func:`_refuse_links`, is replaced as a directory entry:
-    the file it pointed at, inside or outside the directory, is unchanged.
-    """
-    temporary = f".{name}.{secrets.token_hex(8)}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
-    descriptor = os.open(temporary, flags, 0o666, dir_fd=directory)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            if size is not None:
-                handle.truncate(size)
-        os.replace(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary, dir_fd=directory)
-        raise

@@ -24,6 +24,7 @@ from ..._report import ReclaimReport, StartupAudit
 from ...hookspecs import FlareStartupSpec
 from .._inputs import refuse_unknown_plugins
 from .._kv import kv_tokens
+from .._machine_memory import refuse_what_this_machine_cannot_hold
 from .._origin import stock_row
 from .._profiles import DeviceProfile
 from ._checkpoint import load_checkpoint
@@ -210,6 +211,8 @@ class ReferenceHost:
         if isinstance(checkpoint, Mapping):
             tensors = {k: v.to(self.device) for k, v in checkpoint.items()}
         elif isinstance(checkpoint, (str, Path)):
+            if self.device.type == "cpu":  # a GPU's load maps the file, and copies to the GPU
+                refuse_what_this_machine_cannot_hold([Path(checkpoint)])
             tensors = load_checkpoint(checkpoint, self.device)
         else:
             tensors = _load_files([Path(p) for p in checkpoint], self.device)
@@ -335,6 +338,8 @@ def _load_files(paths: list[Path], device: torch.device) -> dict[str, torch.Tens
     wanted: dict[str, set[str]] = {}
     for header in read_checkpoint(paths):
         wanted.setdefault(header.file, set()).add(header.name)
+    if device.type == "cpu":
+        refuse_what_this_machine_cannot_hold([Path(file) for file in wanted])
     tensors: dict[str, torch.Tensor] = {}
     for file, names in wanted.items():
         loaded = load_checkpoint(file, device)
