@@ -48,6 +48,16 @@ def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert gained == data["with"]["report"]["reclaimed_bytes"] == 5 * 100 * MiB - OWN
 
 
+def test_json_stock_arm_names_its_race_jobs_stock(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 35: the arm without plugins counts 2 x 100 MiB of stock buffers; its jobs read
+    # "stock", never "none" (no eviction at all), whatever the device.
+    code, out, _ = run(capsys, "startup", "--profile", "h100", "--race-jobs", "2", "--json")
+    assert code == 0
+    stock = json.loads(out)["without"]
+    assert stock["eviction_storage_bytes"] == 2 * 100 * MiB
+    assert stock["job_evictions"] == ["stock", "stock"]
+
+
 def test_own_checkpoint_and_config(
     capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path], tmp_path: Path
 ) -> None:
