@@ -404,15 +404,19 @@ def _winners(result: StartupResult) -> str:
     return ",".join(map(str, result.race_winners)) or "-"
 
 
-def _table(header: str, before: StartupResult, after: StartupResult, label: str) -> str:
+def _table(
+    header: str, before: StartupResult, after: StartupResult, label: str, *, disabled: bool
+) -> str:
     measured = " (measured)" if after.eviction_measured else ""
+    # enabled = false is the operator's choice, not a fallback: the words check and plan use.
+    reclaimed = "0 B (disabled by config)" if disabled else f"{after.reclaimed_bytes:,} B"
     rows = [
         ("", "without plugins", label),
         (f"L2 eviction storage{measured}", _eviction_cell(before), _eviction_cell(after)),
         ("Loaded", _size(before.loaded_bytes), _size(after.loaded_bytes)),
         ("KV cache budget", _size(before.kv_budget_bytes), _size(after.kv_budget_bytes)),
         ("KV tokens", f"{before.kv_tokens:,}", f"{after.kv_tokens:,}"),
-        ("Reclaimed (report)", "-", f"{after.reclaimed_bytes:,} B"),
+        ("Reclaimed (report)", "-", reclaimed),
     ]
     if after.eviction_measured:
         rows += [
@@ -488,7 +492,7 @@ def _startup(args: argparse.Namespace) -> int:
         f"{profile.race_jobs} race jobs); {args.kv_bytes_per_token} bytes per KV token"
     )
     label = " ".join(f"--plugin {name}" for name in args.plugin) or "with no --plugin"
-    print(_table(header, before, after, label))
+    print(_table(header, before, after, label, disabled=ours and not enabled))
     return code
 
 
@@ -578,6 +582,7 @@ def plan_table(plan: Plan) -> str:
     newline or a bidi override in one cannot break or disguise the table, and
     wrapped under the row with the reason a rank falls back.
     """
+    from ._inputs import DISABLED
     from ._plan import NAME_LIMIT
 
     header = ("rank", "storage", "window", "reclaimed B", "KV tokens gained")
@@ -606,6 +611,8 @@ def plan_table(plan: Plan) -> str:
             detail = f"reads {shown(r.tensor, NAME_LIMIT)}"
             if len(r.sources) > 1:
                 detail += f" and {len(r.sources) - 1:,} more storages"
+        elif r.reason == DISABLED:  # the operator's choice, not a fallback (check's words)
+            detail = DISABLED
         else:
             detail = f"falls back: {shown(r.reason or '', 300)}"
         lines.append(_wrapped(detail, "      "))
