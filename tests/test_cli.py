@@ -101,6 +101,23 @@ def test_bad_checkpoints_are_one_line(
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_a_missing_checkpoint_is_worded_alike_in_every_command(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Issue 35: startup said "no such checkpoint", plan and check "no such safetensors file"
+    # or "no such index file", each with its own fix.
+    for name in ("missing.safetensors", "missing.safetensors.index.json"):
+        said = set()
+        for command in ("startup", "plan", "check"):
+            code, out, err = run(capsys, command, str(tmp_path / name))
+            assert code == 2 and out == "", (command, err)
+            said.add(err.removeprefix(f"error: flare-l2evict {command}: "))
+        assert said == {
+            f"{tmp_path / name}: no such checkpoint file; fix: check the path, and pass the "
+            "checkpoint's .safetensors files or its model.safetensors.index.json\n"
+        }
+
+
 def test_bad_config_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     config = tmp_path / "deploy.toml"
     config.write_text("[plugins.l2evict]\nwindow = -5\n")
@@ -292,8 +309,8 @@ _SHAPE = re.compile(r"^error: flare-l2evict (startup|plan|check|example): (.+); 
 @pytest.mark.parametrize(
     ("argv", "cause", "fix"),
     [
-        (["plan", "{tmp}/missing.safetensors"], "no such safetensors file", "check the path"),
-        (["startup", "{tmp}/missing.safetensors"], "no such checkpoint", "pass a .safetensors"),
+        (["plan", "{tmp}/missing.safetensors"], "no such checkpoint file", "check the path"),
+        (["startup", "{tmp}/missing.safetensors"], "no such checkpoint file", "check the path"),
         (["check", "--config", "{tmp}/bad.toml"], "bad.toml: cannot parse toml (", "correct the "
          "config file at the line named"),
         (["check", "--config", "{tmp}/window.toml"], "plugins.l2evict.window = -5 is invalid",
