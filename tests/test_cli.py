@@ -18,7 +18,8 @@ import pytest
 import torch
 from support.figures import OUTPUTS, OWN, MiB
 
-from flare_l2evict.tools._cli import main
+from flare_l2evict import L2EvictError
+from flare_l2evict.tools._cli import _fix_for, error_line, main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -496,3 +497,21 @@ def test_the_example_writes_exactly_the_files_it_names(tmp_path: Path) -> None:
 
     written = write_example(tmp_path / "ex", 64 * MiB)
     assert sorted(p.name for p in written) == sorted(EXAMPLE_FILES)
+
+
+def test_on_error_raise_names_what_to_change(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Issue 35: "fix: see flare-l2evict startup --help" fixed nothing. A cause without a fix
+    # of its own gets on_error = "fallback"; one with its own fix keeps it.
+    config = tmp_path / "deploy.toml"
+    config.write_text('[plugins.l2evict]\non_error = "raise"\nexclude = ["*"]\n')
+    code, out, err = run(capsys, "startup", "--plugin", "l2evict", "--config", str(config))
+    assert code == 2 and out == ""
+    assert err.startswith("error: flare-l2evict startup: l2evict failed and on_error = 'raise': ")
+    assert err.endswith(
+        "; fix: set on_error = \"fallback\" in the config's [plugins.l2evict] section (start-up "
+        "then keeps stock b12x and credits 0 instead of aborting)\n"
+    ), err
+    own = L2EvictError("l2evict failed and on_error = 'raise': busy; fix: call it once")
+    assert error_line("startup", str(own), _fix_for(own)).endswith("; fix: call it once")

@@ -714,7 +714,18 @@ def _error(command: str, cause: str, fix: str | None = None) -> None:
     print(error_line(command, cause, fix), file=sys.stderr)
 
 
+_RAISED = "and on_error = 'raise': "
+"""What start-up's error says when ``on_error = "raise"`` turned a fallback into an abort."""
+RAISED_FIX = (
+    'set on_error = "fallback" in the config\'s [plugins.l2evict] section (start-up then '
+    "keeps stock b12x and credits 0 instead of aborting)"
+)
+"""The fix of an abort under ``on_error = "raise"`` whose cause names no fix of its own."""
+
+
 def _fix_for(error: Exception) -> str | None:
+    if _RAISED in str(error):  # the cause's own fix, if it has one, still comes first
+        return RAISED_FIX
     return next((fix for kind, fix in _DEFAULT_FIX if isinstance(error, kind)), None)
 
 
