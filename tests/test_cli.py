@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.figures import OUTPUTS, OWN, MiB
+from support.json_output import parsed
 
 from flare_l2evict import L2EvictError
 from flare_l2evict.tools._cli import _fix_for, error_line, main
@@ -44,7 +45,7 @@ def test_demo_prints_the_side_by_side_table(
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "startup", "--plugin", "l2evict", "--profile", "h100", "--json")
     assert code == 0
-    data = json.loads(out)
+    data = parsed("startup", out)
     gained = data["with"]["kv_budget_bytes"] - data["without"]["kv_budget_bytes"]
     assert gained == data["with"]["report"]["reclaimed_bytes"] == 5 * 100 * MiB - OWN
 
@@ -54,7 +55,7 @@ def test_json_stock_arm_names_its_race_jobs_stock(capsys: pytest.CaptureFixture[
     # "stock", never "none" (no eviction at all), whatever the device.
     code, out, _ = run(capsys, "startup", "--profile", "h100", "--race-jobs", "2", "--json")
     assert code == 0
-    stock = json.loads(out)["without"]
+    stock = parsed("startup", out)["without"]
     assert stock["eviction_storage_bytes"] == 2 * 100 * MiB
     assert stock["job_evictions"] == ["stock", "stock"]
 
@@ -70,7 +71,7 @@ def test_own_checkpoint_and_config(
         "--l2-mib", "16", "--race-jobs", "3", "--json",
     )  # fmt: skip
     assert code == 0
-    report = json.loads(out)["with"]["report"]
+    report = parsed("startup", out)["with"]["report"]
     assert report["source_tensor"] == "a"
     assert report["reclaimed_bytes"] == 3 * 64 * MiB - OWN
 
@@ -251,15 +252,15 @@ def test_example_writes_every_file_and_the_commands_run_on_them(
     plans = []
     for argv in (["ex/model.safetensors"], ["ex/model.safetensors.index.json"]):
         code, out, _ = run(capsys, "plan", *argv, "--profile", "h100", "--json")
-        plans.append(json.loads(out)["ranks"])
+        plans.append(parsed("plan", out)["ranks"])
     assert plans[0] == plans[1] and plans[0][0]["reclaimed_bytes"] == 5 * 100 * MiB - OWN
     # The per-rank files are what plan's even TP2 split estimates.
     code, out, _ = run(capsys, "plan", "ex/model.safetensors", "--tp", "2", "--profile", "h100",
                        "--json")  # fmt: skip
-    split = json.loads(out)
+    split = parsed("plan", out)
     code, out, _ = run(capsys, "plan", "ex/rank0.safetensors", "ex/rank1.safetensors", "--tp",
                        "2", "--per-rank", "--profile", "h100", "--json")  # fmt: skip
-    per_rank = json.loads(out)
+    per_rank = parsed("plan", out)
     assert per_rank["ranks"] == split["ranks"]
     # The files load as safetensors' loader reads them: zeros, the rank's half of dim 0.
     from safetensors.torch import load_file
@@ -288,7 +289,7 @@ def test_startup_json_cuts_a_huge_name_as_plan_does(
     code, out, _ = run(capsys, "startup", str(path), "--plugin", "l2evict", "--l2-mib", "16",
                        "--json")  # fmt: skip
     assert code == 0 and len(out) < 20_000
-    report = json.loads(out)["with"]["report"]
+    report = parsed("startup", out)["with"]["report"]
     assert report["source_tensor"] == "w" * 60 + "...[1,000,000 chars]"
     assert report["sources"][0]["tensor"] == report["source_tensor"]
     assert report["names_cut"] == 2 and report["reclaimed_bytes"] > 0
@@ -355,7 +356,7 @@ def test_startup_takes_an_index_or_its_shards_as_one_checkpoint(
     ):
         code, out, _ = run(capsys, "startup", *paths, "--plugin", "l2evict", "--json")
         assert code == 0
-        after = json.loads(out)["with"]
+        after = parsed("startup", out)["with"]
         figures.append((after["loaded_bytes"], after["reclaimed_bytes"], after["kv_tokens"]))
     assert figures[0] == figures[1] == figures[2] and figures[0][1] > 0
 
@@ -472,7 +473,7 @@ def test_every_json_object_carries_its_schema(capsys: pytest.CaptureFixture[str]
         ["check", "--device", "cpu", "--json"],
     ):
         main(argv)
-        assert json.loads(capsys.readouterr().out)["schema"] == 1, argv
+        assert parsed(argv[0], capsys.readouterr().out)["schema"] == 2, argv
 
 
 def test_example_out_never_writes_through_a_symlink(tmp_path: Path) -> None:

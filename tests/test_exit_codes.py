@@ -7,13 +7,13 @@ usage or input error. Each command, each case, through the real CLI.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from support.figures import MiB
+from support.json_output import parsed
 
 from flare_l2evict.tools._cli import main
 
@@ -77,8 +77,8 @@ def test_json_says_the_exit_code_it_gives(
     extra += ["--plugin", "l2evict"] if command == "startup" else []
     for path, code in ((cases["big"], 0), (cases["small"], 1)):
         assert main([command, str(path), *extra, "--profile", "h100", "--json"]) == code
-        figures = json.loads(capsys.readouterr().out)
-        assert figures["exit_code"] == code and figures["schema"] == 1
+        figures = parsed(command, capsys.readouterr().out)
+        assert figures["exit_code"] == code and figures["schema"] == 2
 
 
 def test_disabled_is_an_info_line_in_check_not_a_fall_back(

@@ -182,7 +182,9 @@ def _profile(args: argparse.Namespace) -> DeviceProfile:
 
 
 _CONFIG_HELP = "deployment config (.toml, .yaml, .json)"
-COMMANDS = ("startup", "plan", "check", "example")
+COMMANDS = ("startup", "plan", "check", "example", "schema")
+JSON_COMMANDS = ("startup", "plan", "check")
+"""The commands with ``--json``, each of whose JSON Schema ``schema`` prints."""
 
 
 def _own_version() -> str:
@@ -310,6 +312,16 @@ def _parser() -> _Parser:
         metavar="DIR",
         help="directory to write (made if missing)",
     )
+    schema = commands.add_parser(
+        "schema",
+        help="print the JSON Schema of what startup, plan or check prints with --json",
+    )
+    schema.add_argument(
+        "name",
+        choices=JSON_COMMANDS,
+        metavar="|".join(JSON_COMMANDS),
+        help="the command whose --json output to describe",
+    )
     for name, sub in commands.choices.items():
         _add_verbosity(sub)
         sub.epilog = _epilog(name)
@@ -358,6 +370,10 @@ _EXAMPLES: dict[str, tuple[str, tuple[str, ...]]] = {
         "flare-l2evict example --out example",
         ("the files were written", "(not used)", _USAGE_ERROR + "; nothing written"),
     ),
+    "schema": (
+        "flare-l2evict schema check",
+        ("the schema was printed (JSON, on stdout)", "(not used)", _USAGE_ERROR),
+    ),
 }
 """Each command's ``--help`` tail: one example, and what exit 0, 1 and 2 mean."""
 
@@ -377,14 +393,6 @@ def _add_verbosity(parser: argparse.ArgumentParser) -> None:
         "-q", "--quiet", action="store_true", help="log warnings and errors only (stderr)"
     )
     group.add_argument("-v", "--verbose", action="store_true", help="log debug lines too")
-
-
-SCHEMA = 1
-"""``"schema"`` of every JSON object the CLI prints: raised when a key changes meaning."""
-
-
-def _json(figures: Mapping[str, Any]) -> str:
-    return json.dumps({"schema": SCHEMA, **figures}, indent=2)
 
 
 def _eviction_cell(result: StartupResult) -> str:
@@ -483,7 +491,10 @@ def _startup(args: argparse.Namespace) -> int:
     # Fell back: asked for, enabled, and credited nothing (its WARNING line says why).
     code = EXIT_FALLS_BACK if enabled and after.reclaimed_bytes == 0 else EXIT_INSTALLS
     if args.json:
-        print(_json({"without": before.as_dict(), "with": after.as_dict(), "exit_code": code}))
+        from ._json_models import dumped
+
+        figures = {"without": before.as_dict(), "with": after.as_dict(), "exit_code": code}
+        print(dumped("startup", figures))
         return code
     what = shown(" ".join(map(str, args.checkpoint))) if args.checkpoint else "embedded example"
     header = (
@@ -536,7 +547,9 @@ def _plan(args: argparse.Namespace) -> int:
     falls_back = settings.enabled and plan.agreed_reclaimed_bytes == 0
     code = EXIT_FALLS_BACK if falls_back else EXIT_INSTALLS
     if args.json:
-        print(_json({**plan.as_dict(), "seconds": round(elapsed, 4), "exit_code": code}))
+        from ._json_models import dumped
+
+        print(dumped("plan", {**plan.as_dict(), "seconds": round(elapsed, 4), "exit_code": code}))
         return code
     # The time to read headers is in --json ("seconds"): the table is the same every run.
     print(
@@ -686,6 +699,13 @@ def _check(args: argparse.Namespace) -> int:
     )
 
 
+def _schema(args: argparse.Namespace) -> int:
+    from ._json_models import json_schema
+
+    print(json.dumps(json_schema(args.name), indent=2))
+    return 0
+
+
 def _terminate(signum: int, _frame: object) -> None:
     # SIGTERM unwinds like Ctrl-C, so temporary checkpoints are removed on the way out.
     raise KeyboardInterrupt(signum)
@@ -786,6 +806,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "plan": _plan,
         "check": _check,
         "example": _example,
+        "schema": _schema,
     }
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:

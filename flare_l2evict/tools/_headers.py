@@ -35,7 +35,6 @@ MAX_INDEX_BYTES = 100_000_000
 """An index this large names tens of millions of tensors: a wrong file, not a checkpoint."""
 
 
-
 def missing_checkpoint(path: Path) -> CheckpointError:
     """The one line for a checkpoint path that does not exist, in every command alike."""
     return CheckpointError(
