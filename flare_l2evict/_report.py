@@ -70,41 +70,26 @@ class ReclaimReport(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    device: str = Field(description="The device the races run on (cpu, cuda:N).")
-    rank: NonNegativeInt = Field(default=0, description="This rank in the tensor-parallel job.")
-    world_size: int = Field(default=1, ge=1, description="Ranks in the tensor-parallel job.")
+    device: str
+    rank: NonNegativeInt = 0
+    world_size: int = Field(default=1, ge=1)
     reclaimed_bytes: NonNegativeInt = Field(
         description="Bytes the KV allocator may add to its budget; agreed across ranks."
     )
     local_reclaimed_bytes: NonNegativeInt = Field(
         default=0, description="What this rank alone saved, before agreement."
     )
-    mechanism: Literal["fork", "stock-seam", "none"] = Field(
-        description="How the eviction was installed: the fork's API, stock b12x's seam, or none."
-    )
-    source_tensor: str | None = Field(
-        default=None, description="The tensor the races read (the first region's), or None."
-    )
-    source_storage_bytes: NonNegativeInt = Field(
-        default=0, description="Distinct bytes of the storages read from."
-    )
-    sources: tuple[RegionRead, ...] = Field(
-        default=(), description="Every storage the eviction reads, largest first."
-    )
-    window_bytes: NonNegativeInt = Field(default=0, description="Bytes read per eviction.")
+    mechanism: Literal["fork", "stock-seam", "none"]
+    source_tensor: str | None = None
+    source_storage_bytes: NonNegativeInt = 0
+    sources: tuple[RegionRead, ...] = ()
+    window_bytes: NonNegativeInt = 0
     read_kernel: Literal["triton", "torch"] | None = Field(
         default=None, description="What reads the window: the Triton kernel, or torch's reduction."
     )
-    stock_buffer_bytes: NonNegativeInt = Field(
-        default=0,
-        description="Bytes of one stock eviction buffer, which each race job no longer allocates.",
-    )
-    race_jobs: NonNegativeInt = Field(
-        default=0, description="Race jobs held at once, each credited one stock buffer."
-    )
-    reason: str | None = Field(
-        default=None, description="Why nothing was reclaimed (set when reclaimed_bytes is 0)."
-    )
+    stock_buffer_bytes: NonNegativeInt = 0
+    race_jobs: NonNegativeInt = 0
+    reason: str | None = None
     fallback_ranks: dict[int, str] = Field(
         default_factory=dict, description="Ranks that reclaimed nothing, with their reasons."
     )
@@ -151,7 +136,7 @@ class DeviceAudit(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    device: str = Field(description="The device the races asked on.")
+    device: str
     requested: NonNegativeInt = Field(description="Evictions b12x asked for (enabled calls).")
     served_by_weights: NonNegativeInt = Field(description="Of those, served by the weights.")
     stock_buffers: NonNegativeInt = Field(description="Stock buffers made instead (fallbacks).")
@@ -168,13 +153,9 @@ class StartupAudit(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mechanism: Literal["fork", "stock-seam", "none"] = Field(
-        description="How the eviction was installed (none: nothing was)."
-    )
-    device: str | None = Field(default=None, description="The credited device, if any.")
-    credited_bytes: NonNegativeInt = Field(
-        default=0, description="Bytes offered to the KV allocator at before_first_capture."
-    )
+    mechanism: Literal["fork", "stock-seam", "none"]
+    device: str | None = None
+    credited_bytes: NonNegativeInt = 0
     race_jobs: NonNegativeInt = Field(
         default=0, description="The race jobs held at once that the credit counted."
     )
@@ -195,14 +176,8 @@ class StartupAudit(BaseModel):
     counted: bool = Field(
         default=True, description="False for the fork's API, whose calls the plugin cannot see."
     )
-    devices: tuple[DeviceAudit, ...] = Field(
-        default=(), description="What the races asked of the seam, per device."
-    )
-    shortfall_bytes: NonNegativeInt = Field(
-        default=0,
-        description="Bytes stock buffers allocated on the credited device while the credit "
-        "stood (0 when the weights served every eviction).",
-    )
+    devices: tuple[DeviceAudit, ...] = ()
+    shortfall_bytes: NonNegativeInt = 0
     refused: str | None = Field(
         default=None, description="Why this call ended nothing (another start-up is active)."
     )

@@ -511,7 +511,7 @@ def test_on_error_raise_names_what_to_change(
     assert code == 2 and out == ""
     assert err.startswith("error: flare-l2evict startup: l2evict failed and on_error = 'raise': ")
     assert err.endswith(
-        "; fix: set on_error = \"fallback\" in the config's [plugins.l2evict] section (start-up "
+        '; fix: set on_error = "fallback" in the config\'s [plugins.l2evict] section (start-up '
         "then keeps stock b12x and credits 0 instead of aborting)\n"
     ), err
     own = L2EvictError("l2evict failed and on_error = 'raise': busy; fix: call it once")

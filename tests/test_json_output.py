@@ -120,3 +120,10 @@ def test_check_races_figures_fit_the_schema(capsys: pytest.CaptureFixture[str]) 
     _judge(result, {arm: [[lat], [lat]] for arm, lat in latencies.items()})
     figures["races"] = result.as_dict()
     validate(figures, json_schema("check"))
+
+
+def test_a_key_without_a_description_stops_the_tables() -> None:
+    from flare_l2evict.tools._json_models import _tables
+
+    with pytest.raises(ValueError, match=r"^the top\.x has no description: give its Field one"):
+        _tables({"properties": {"x": {"type": "integer"}}})

@@ -310,9 +310,42 @@ def dumped(command: str, figures: Mapping[str, Any]) -> str:
     return json.dumps(model.model_dump(mode="json", by_alias=True), indent=2)
 
 
+_DESCRIPTIONS: dict[str, dict[str, str]] = {
+    "StartupReport": {
+        "device": "The device the races run on (cpu, cuda:N).",
+        "rank": "This rank in the tensor-parallel job.",
+        "world_size": "Ranks in the tensor-parallel job.",
+        "mechanism": "How the eviction was installed: the fork's API, stock b12x's seam, or none.",
+        "source_tensor": "The tensor the races read (the first storage's), or null.",
+        "source_storage_bytes": "Distinct bytes of the storages read.",
+        "sources": "Every storage the eviction reads, largest first.",
+        "window_bytes": "Bytes read per eviction.",
+        "stock_buffer_bytes": "Bytes of one stock buffer, which each race job no longer makes.",
+        "race_jobs": "Race jobs held at once, each credited one stock buffer.",
+        "reason": "Why nothing was reclaimed (set when reclaimed_bytes is 0), else null.",
+    },
+    "StartupAudit": {
+        "mechanism": "How the eviction was installed (none: nothing was).",
+        "device": "The credited device, or null.",
+        "credited_bytes": "Bytes offered to the KV allocator at before_first_capture.",
+        "devices": "What the races asked of the seam, per device.",
+        "shortfall_bytes": "Bytes stock buffers allocated on the credited device while the "
+        "credit stood (0 when the weights served every eviction).",
+    },
+    "DeviceAudit": {"device": "The device the races asked on."},
+}
+"""What the fields of the plugin's own models (its report and audit) hold, where the model
+leaves it unsaid: the schema and the field tables say it for every key."""
+
+
 def json_schema(command: str) -> dict[str, Any]:
-    """The JSON Schema of what ``command --json`` prints, every key required."""
+    """The JSON Schema of what ``command --json`` prints, every key required and described."""
     schema = MODELS[command].model_json_schema(by_alias=True, mode="serialization")
+    for name, node in [("", schema), *schema.get("$defs", {}).items()]:
+        for key, prop in node.get("properties", {}).items():
+            told = _DESCRIPTIONS.get(name, {}).get(key)
+            if told is not None and "description" not in prop:
+                prop["description"] = told
     for node in _objects(schema):
         node["required"] = list(node["properties"])  # model_dump writes every field
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
@@ -375,6 +408,11 @@ def _tables(schema: Mapping[str, Any]) -> list[str]:
         rows = ["| key | type | meaning |", "|---|---|---|"]
         for key, prop in node["properties"].items():
             about = _about(prop) or next((_about(defs[ref]) for ref, _ in _refs(prop)), "")
+            if not about:
+                raise ValueError(
+                    f"{name or 'the top'}.{key} has no description: give its Field one (or, "
+                    "for the plugin's report and audit, an entry in _DESCRIPTIONS)"
+                )
             rows.append(f"| `{key}` | {_type(prop)} | {about} |")
             for ref, suffix in _refs(prop):
                 held = [f"{p}.{key}{suffix}" if p else f"{key}{suffix}" for p in paths]
