@@ -120,7 +120,7 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["plan", "{tail}"], "tensors cover 16 of the 20 data bytes"),
     (["plan", "{meta}"], "__metadata__ must map strings to strings"),
     (["plan", "{index}"], "not a safetensors index"),
-    (["plan", "{tmp}/missing.safetensors"], "no such safetensors file"),
+    (["plan", "{tmp}/missing.safetensors"], "no such checkpoint file"),
     (["startup", "{tmp}/missing.safetensors"], "no such checkpoint"),
     (["startup", "--config", "{tmp}"], "is a directory, not a config file"),
     (["startup", "--config", "{tmp}/nope.toml"], "no such config file"),

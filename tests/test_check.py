@@ -6,7 +6,6 @@ import base64
 import hashlib
 import importlib
 import importlib.metadata
-import json
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from support.figures import OWN, MiB
+from support.json_output import parsed
 
 from flare_l2evict._b12x.provider import provider_problem
 from flare_l2evict.tools import _check
@@ -36,7 +36,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 def check_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
     code, out, _ = run(capsys, "check", "--json", *argv)
-    return code, json.loads(out)
+    return code, parsed("check", out)
 
 
 def test_a_bare_check_says_which_device_and_why(capsys: pytest.CaptureFixture[str]) -> None:
@@ -117,7 +117,7 @@ def test_json_holds_every_figure_and_agrees_with_plan(
     assert figures["storage_read"]["tensors"] == [{"name": "w", "bytes": 128 * MiB}]
     assert figures["credit_bytes"] == 5 * 100 * MiB - OWN
     main(["plan", str(path), "--profile", "h100", "--json"])
-    plan = json.loads(capsys.readouterr().out)
+    plan = parsed("plan", capsys.readouterr().out)
     assert plan["agreed_reclaimed_bytes"] == figures["credit_bytes"]
 
 
@@ -293,7 +293,8 @@ def test_persisting_l2_is_not_applicable_on_a_cpu(capsys: pytest.CaptureFixture[
     _, out, _ = run(capsys, "check", "--device", "cpu")
     assert "persisting L2: not applicable on cpu (a CUDA carve-out)" in out.splitlines()
     _, figures = check_json(capsys, "--device", "cpu")
-    assert figures["persisting_l2"] == {"applicable": False, "bytes": None}
+    expected = {"applicable": False, "bytes": None, "via": None, "fault": None}
+    assert figures["persisting_l2"] == expected
 
 
 @pytest.mark.parametrize("with_checkpoint", [False, True])
@@ -323,7 +324,7 @@ def test_check_takes_plain_arguments(capsys: pytest.CaptureFixture[str]) -> None
         profile=PROFILES["h200"],
         as_json=True,
     )
-    figures = json.loads(capsys.readouterr().out)
+    figures = parsed("check", capsys.readouterr().out)
     assert code == 0 and figures["device_reason"] == "a caller"
     assert figures["window"]["bytes"] == 120 * MiB and figures["race_jobs"] == 5
 

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 from support.figures import OUTPUTS, OWN, MiB
+from support.json_output import parsed
 
-from flare_l2evict.tools._cli import main
+from flare_l2evict import L2EvictError
+from flare_l2evict.tools._cli import _fix_for, error_line, main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -43,9 +45,19 @@ def test_demo_prints_the_side_by_side_table(
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "startup", "--plugin", "l2evict", "--profile", "h100", "--json")
     assert code == 0
-    data = json.loads(out)
+    data = parsed("startup", out)
     gained = data["with"]["kv_budget_bytes"] - data["without"]["kv_budget_bytes"]
     assert gained == data["with"]["report"]["reclaimed_bytes"] == 5 * 100 * MiB - OWN
+
+
+def test_json_stock_arm_names_its_race_jobs_stock(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 35: the arm without plugins counts 2 x 100 MiB of stock buffers; its jobs read
+    # "stock", never "none" (no eviction at all), whatever the device.
+    code, out, _ = run(capsys, "startup", "--profile", "h100", "--race-jobs", "2", "--json")
+    assert code == 0
+    stock = parsed("startup", out)["without"]
+    assert stock["eviction_storage_bytes"] == 2 * 100 * MiB
+    assert stock["job_evictions"] == ["stock", "stock"]
 
 
 def test_own_checkpoint_and_config(
@@ -59,7 +71,7 @@ def test_own_checkpoint_and_config(
         "--l2-mib", "16", "--race-jobs", "3", "--json",
     )  # fmt: skip
     assert code == 0
-    report = json.loads(out)["with"]["report"]
+    report = parsed("startup", out)["with"]["report"]
     assert report["source_tensor"] == "a"
     assert report["reclaimed_bytes"] == 3 * 64 * MiB - OWN
 
@@ -89,6 +101,23 @@ def test_bad_checkpoints_are_one_line(
     assert code == 2 and out == ""
     assert err.startswith("error: ") and message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_missing_checkpoint_is_worded_alike_in_every_command(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Issue 35: startup said "no such checkpoint", plan and check "no such safetensors file"
+    # or "no such index file", each with its own fix.
+    for name in ("missing.safetensors", "missing.safetensors.index.json"):
+        said = set()
+        for command in ("startup", "plan", "check"):
+            code, out, err = run(capsys, command, str(tmp_path / name))
+            assert code == 2 and out == "", (command, err)
+            said.add(err.removeprefix(f"error: flare-l2evict {command}: "))
+        assert said == {
+            f"{tmp_path / name}: no such checkpoint file; fix: check the path, and pass the "
+            "checkpoint's .safetensors files or its model.safetensors.index.json\n"
+        }
 
 
 def test_bad_config_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -223,15 +252,15 @@ def test_example_writes_every_file_and_the_commands_run_on_them(
     plans = []
     for argv in (["ex/model.safetensors"], ["ex/model.safetensors.index.json"]):
         code, out, _ = run(capsys, "plan", *argv, "--profile", "h100", "--json")
-        plans.append(json.loads(out)["ranks"])
+        plans.append(parsed("plan", out)["ranks"])
     assert plans[0] == plans[1] and plans[0][0]["reclaimed_bytes"] == 5 * 100 * MiB - OWN
     # The per-rank files are what plan's even TP2 split estimates.
     code, out, _ = run(capsys, "plan", "ex/model.safetensors", "--tp", "2", "--profile", "h100",
                        "--json")  # fmt: skip
-    split = json.loads(out)
+    split = parsed("plan", out)
     code, out, _ = run(capsys, "plan", "ex/rank0.safetensors", "ex/rank1.safetensors", "--tp",
                        "2", "--per-rank", "--profile", "h100", "--json")  # fmt: skip
-    per_rank = json.loads(out)
+    per_rank = parsed("plan", out)
     assert per_rank["ranks"] == split["ranks"]
     # The files load as safetensors' loader reads them: zeros, the rank's half of dim 0.
     from safetensors.torch import load_file
@@ -260,7 +289,7 @@ def test_startup_json_cuts_a_huge_name_as_plan_does(
     code, out, _ = run(capsys, "startup", str(path), "--plugin", "l2evict", "--l2-mib", "16",
                        "--json")  # fmt: skip
     assert code == 0 and len(out) < 20_000
-    report = json.loads(out)["with"]["report"]
+    report = parsed("startup", out)["with"]["report"]
     assert report["source_tensor"] == "w" * 60 + "...[1,000,000 chars]"
     assert report["sources"][0]["tensor"] == report["source_tensor"]
     assert report["names_cut"] == 2 and report["reclaimed_bytes"] > 0
@@ -282,8 +311,8 @@ _SHAPE = re.compile(r"^error: flare-l2evict (startup|plan|check|example): (.+); 
 @pytest.mark.parametrize(
     ("argv", "cause", "fix"),
     [
-        (["plan", "{tmp}/missing.safetensors"], "no such safetensors file", "check the path"),
-        (["startup", "{tmp}/missing.safetensors"], "no such checkpoint", "pass a .safetensors"),
+        (["plan", "{tmp}/missing.safetensors"], "no such checkpoint file", "check the path"),
+        (["startup", "{tmp}/missing.safetensors"], "no such checkpoint file", "check the path"),
         (["check", "--config", "{tmp}/bad.toml"], "bad.toml: cannot parse toml (", "correct the "
          "config file at the line named"),
         (["check", "--config", "{tmp}/window.toml"], "plugins.l2evict.window = -5 is invalid",
@@ -327,7 +356,7 @@ def test_startup_takes_an_index_or_its_shards_as_one_checkpoint(
     ):
         code, out, _ = run(capsys, "startup", *paths, "--plugin", "l2evict", "--json")
         assert code == 0
-        after = json.loads(out)["with"]
+        after = parsed("startup", out)["with"]
         figures.append((after["loaded_bytes"], after["reclaimed_bytes"], after["kv_tokens"]))
     assert figures[0] == figures[1] == figures[2] and figures[0][1] > 0
 
@@ -444,7 +473,7 @@ def test_every_json_object_carries_its_schema(capsys: pytest.CaptureFixture[str]
         ["check", "--device", "cpu", "--json"],
     ):
         main(argv)
-        assert json.loads(capsys.readouterr().out)["schema"] == 1, argv
+        assert parsed(argv[0], capsys.readouterr().out)["schema"] == 2, argv
 
 
 def test_example_out_never_writes_through_a_symlink(tmp_path: Path) -> None:
@@ -469,3 +498,21 @@ def test_the_example_writes_exactly_the_files_it_names(tmp_path: Path) -> None:
 
     written = write_example(tmp_path / "ex", 64 * MiB)
     assert sorted(p.name for p in written) == sorted(EXAMPLE_FILES)
+
+
+def test_on_error_raise_names_what_to_change(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Issue 35: "fix: see flare-l2evict startup --help" fixed nothing. A cause without a fix
+    # of its own gets on_error = "fallback"; one with its own fix keeps it.
+    config = tmp_path / "deploy.toml"
+    config.write_text('[plugins.l2evict]\non_error = "raise"\nexclude = ["*"]\n')
+    code, out, err = run(capsys, "startup", "--plugin", "l2evict", "--config", str(config))
+    assert code == 2 and out == ""
+    assert err.startswith("error: flare-l2evict startup: l2evict failed and on_error = 'raise': ")
+    assert err.endswith(
+        '; fix: set on_error = "fallback" in the config\'s [plugins.l2evict] section (start-up '
+        "then keeps stock b12x and credits 0 instead of aborting)\n"
+    ), err
+    own = L2EvictError("l2evict failed and on_error = 'raise': busy; fix: call it once")
+    assert error_line("startup", str(own), _fix_for(own)).endswith("; fix: call it once")

@@ -7,13 +7,13 @@ usage or input error. Each command, each case, through the real CLI.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from support.figures import MiB
+from support.json_output import parsed
 
 from flare_l2evict.tools._cli import main
 
@@ -77,8 +77,8 @@ def test_json_says_the_exit_code_it_gives(
     extra += ["--plugin", "l2evict"] if command == "startup" else []
     for path, code in ((cases["big"], 0), (cases["small"], 1)):
         assert main([command, str(path), *extra, "--profile", "h100", "--json"]) == code
-        figures = json.loads(capsys.readouterr().out)
-        assert figures["exit_code"] == code and figures["schema"] == 1
+        figures = parsed(command, capsys.readouterr().out)
+        assert figures["exit_code"] == code and figures["schema"] == 2
 
 
 def test_disabled_is_an_info_line_in_check_not_a_fall_back(
@@ -88,3 +88,15 @@ def test_disabled_is_an_info_line_in_check_not_a_fall_back(
     out = capsys.readouterr().out
     assert "verdict: disabled by config, credit 0 bytes (stock b12x)" in out
     assert "falls back" not in out.split("verdict:")[-1]
+
+
+@pytest.mark.parametrize("command", ["startup", "plan", "check"])
+def test_disabled_reads_disabled_by_config_in_every_command(
+    cases: dict[str, Path], capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # Issue 35: enabled = false is the operator's choice; no command calls it a fallback.
+    extra = {"startup": ["--plugin", "l2evict"], "check": ["--device", "cpu"]}.get(command, [])
+    argv = [command, str(cases["big"]), *extra, "--config", str(cases["disabled"])]
+    assert main([*argv, "--profile", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "disabled by config" in out and "falls back" not in out, out

@@ -43,6 +43,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("window = 256MBB (check)", ["check", "--config", "{dir}/bad.toml"], "window"),
     ("missing checkpoint (check)", ["check", "{dir}/missing.safetensors"], "no such"),
     ("abbreviated flag", ["startup", "--race-job", "3"], "unrecognized arguments"),
+    ("schema of no JSON command", ["schema", "example"], "invalid choice: 'example'"),
     ("unknown config key (plan)", ["plan", "{dir}/missing.safetensors", "--config",
                                    "{dir}/unknown.toml"], "unknown key"),
 ]  # fmt: skip

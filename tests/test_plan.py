@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 from support.figures import KV_BYTES_PER_TOKEN as KV, OWN, MiB
+from support.json_output import parsed
 
 from flare_l2evict._text import shown
 from flare_l2evict.tools._cli import main
@@ -19,10 +20,10 @@ from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_sp
 
 def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     code = main(["plan", *argv, "--json"])
-    plan: dict[str, Any] = json.loads(capsys.readouterr().out)
+    plan = parsed("plan", capsys.readouterr().out)
     # One meaning per exit code (issue 29): 1 when any rank falls back, so all credit 0.
     assert code == plan["exit_code"] == (1 if plan["agreed_reclaimed_bytes"] == 0 else 0)
-    assert plan["schema"] == 1
+    assert plan["schema"] == 2
     return plan
 
 
@@ -248,7 +249,7 @@ def test_plan_and_the_startup_table_gain_the_same_kv_tokens(
     path = str(tmp_path / "model.safetensors")
     (rank,) = plan_json(capsys, path)["ranks"]
     assert main(["startup", path, "--plugin", "l2evict", "--json"]) == 0
-    started = json.loads(capsys.readouterr().out)
+    started = parsed("startup", capsys.readouterr().out)
     gained = started["with"]["kv_tokens"] - started["without"]["kv_tokens"]
     assert rank["reclaimed_bytes"] == started["with"]["reclaimed_bytes"]
     assert rank["kv_tokens_gained"] == gained == rank["reclaimed_bytes"] // KV
@@ -278,7 +279,7 @@ def test_plan_json_cuts_a_huge_name_as_the_table_does_and_says_so(
     assert main(["plan", str(path), "--l2-mib", "16", "--json"]) == 0
     raw = capsys.readouterr().out
     assert len(raw) < 5_000  # not the 2 MB of the name twice
-    (rank,) = json.loads(raw)["ranks"]
+    (rank,) = parsed("plan", raw)["ranks"]
     assert rank["tensor"] == rank["sources"][0] == "w" * 60 + "...[1,000,000 chars]"
     assert rank["tensor_chars"] == 1_000_000 and rank["names_cut"] == 2
     assert main(["plan", str(path), "--l2-mib", "16"]) == 0

@@ -369,7 +369,7 @@ def _readme_usage(command: str) -> str:
     return usage
 
 
-@pytest.mark.parametrize("name", ["startup", "plan", "check", "example"])
+@pytest.mark.parametrize("name", ["startup", "plan", "check", "example", "schema"])
 def test_readme_flags_are_the_help_flags(name: str) -> None:
     from flare_l2evict.tools._cli import _parser
 

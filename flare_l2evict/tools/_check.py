@@ -13,7 +13,6 @@ once; or with ``as_json`` one object holding every figure.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -78,7 +77,7 @@ def run_check(
 
         headers = read_checkpoint(list(checkpoint))
     report = _Report(quiet=as_json)
-    report.figures |= {"schema": 1, "device": str(device), "device_reason": device_reason}
+    report.figures |= {"device": str(device), "device_reason": device_reason}
     own = _version("flare-l2evict") or "(not installed)"
     report.figures["flare_l2evict"] = own
     report.line(f"flare-l2evict {own} check on {device} ({device_reason})")
@@ -114,7 +113,9 @@ def run_check(
             code = 1
     report.figures["exit_code"] = code
     if as_json:
-        print(json.dumps(report.figures, indent=2))
+        from ._json_models import dumped
+
+        print(dumped("check", report.figures))
     return code
 
 

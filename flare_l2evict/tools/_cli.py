@@ -182,7 +182,9 @@ def _profile(args: argparse.Namespace) -> DeviceProfile:
 
 
 _CONFIG_HELP = "deployment config (.toml, .yaml, .json)"
-COMMANDS = ("startup", "plan", "check", "example")
+COMMANDS = ("startup", "plan", "check", "example", "schema")
+JSON_COMMANDS = ("startup", "plan", "check")
+"""The commands with ``--json``, each of whose JSON Schema ``schema`` prints."""
 
 
 def _own_version() -> str:
@@ -310,6 +312,16 @@ def _parser() -> _Parser:
         metavar="DIR",
         help="directory to write (made if missing)",
     )
+    schema = commands.add_parser(
+        "schema",
+        help="print the JSON Schema of what startup, plan or check prints with --json",
+    )
+    schema.add_argument(
+        "name",
+        choices=JSON_COMMANDS,
+        metavar="|".join(JSON_COMMANDS),
+        help="the command whose --json output to describe",
+    )
     for name, sub in commands.choices.items():
         _add_verbosity(sub)
         sub.epilog = _epilog(name)
@@ -358,6 +370,10 @@ _EXAMPLES: dict[str, tuple[str, tuple[str, ...]]] = {
         "flare-l2evict example --out example",
         ("the files were written", "(not used)", _USAGE_ERROR + "; nothing written"),
     ),
+    "schema": (
+        "flare-l2evict schema check",
+        ("the schema was printed (JSON, on stdout)", "(not used)", _USAGE_ERROR),
+    ),
 }
 """Each command's ``--help`` tail: one example, and what exit 0, 1 and 2 mean."""
 
@@ -379,14 +395,6 @@ def _add_verbosity(parser: argparse.ArgumentParser) -> None:
     group.add_argument("-v", "--verbose", action="store_true", help="log debug lines too")
 
 
-SCHEMA = 1
-"""``"schema"`` of every JSON object the CLI prints: raised when a key changes meaning."""
-
-
-def _json(figures: Mapping[str, Any]) -> str:
-    return json.dumps({"schema": SCHEMA, **figures}, indent=2)
-
-
 def _eviction_cell(result: StartupResult) -> str:
     from .._credit import stock_buffer_bytes
 
@@ -404,15 +412,19 @@ def _winners(result: StartupResult) -> str:
     return ",".join(map(str, result.race_winners)) or "-"
 
 
-def _table(header: str, before: StartupResult, after: StartupResult, label: str) -> str:
+def _table(
+    header: str, before: StartupResult, after: StartupResult, label: str, *, disabled: bool
+) -> str:
     measured = " (measured)" if after.eviction_measured else ""
+    # enabled = false is the operator's choice, not a fallback: the words check and plan use.
+    reclaimed = "0 B (disabled by config)" if disabled else f"{after.reclaimed_bytes:,} B"
     rows = [
         ("", "without plugins", label),
         (f"L2 eviction storage{measured}", _eviction_cell(before), _eviction_cell(after)),
         ("Loaded", _size(before.loaded_bytes), _size(after.loaded_bytes)),
         ("KV cache budget", _size(before.kv_budget_bytes), _size(after.kv_budget_bytes)),
         ("KV tokens", f"{before.kv_tokens:,}", f"{after.kv_tokens:,}"),
-        ("Reclaimed (report)", "-", f"{after.reclaimed_bytes:,} B"),
+        ("Reclaimed (report)", "-", reclaimed),
     ]
     if after.eviction_measured:
         rows += [
@@ -479,7 +491,10 @@ def _startup(args: argparse.Namespace) -> int:
     # Fell back: asked for, enabled, and credited nothing (its WARNING line says why).
     code = EXIT_FALLS_BACK if enabled and after.reclaimed_bytes == 0 else EXIT_INSTALLS
     if args.json:
-        print(_json({"without": before.as_dict(), "with": after.as_dict(), "exit_code": code}))
+        from ._json_models import dumped
+
+        figures = {"without": before.as_dict(), "with": after.as_dict(), "exit_code": code}
+        print(dumped("startup", figures))
         return code
     what = shown(" ".join(map(str, args.checkpoint))) if args.checkpoint else "embedded example"
     header = (
@@ -488,7 +503,7 @@ def _startup(args: argparse.Namespace) -> int:
         f"{profile.race_jobs} race jobs); {args.kv_bytes_per_token} bytes per KV token"
     )
     label = " ".join(f"--plugin {name}" for name in args.plugin) or "with no --plugin"
-    print(_table(header, before, after, label))
+    print(_table(header, before, after, label, disabled=ours and not enabled))
     return code
 
 
@@ -532,7 +547,9 @@ def _plan(args: argparse.Namespace) -> int:
     falls_back = settings.enabled and plan.agreed_reclaimed_bytes == 0
     code = EXIT_FALLS_BACK if falls_back else EXIT_INSTALLS
     if args.json:
-        print(_json({**plan.as_dict(), "seconds": round(elapsed, 4), "exit_code": code}))
+        from ._json_models import dumped
+
+        print(dumped("plan", {**plan.as_dict(), "seconds": round(elapsed, 4), "exit_code": code}))
         return code
     # The time to read headers is in --json ("seconds"): the table is the same every run.
     print(
@@ -578,6 +595,7 @@ def plan_table(plan: Plan) -> str:
     newline or a bidi override in one cannot break or disguise the table, and
     wrapped under the row with the reason a rank falls back.
     """
+    from ._inputs import DISABLED
     from ._plan import NAME_LIMIT
 
     header = ("rank", "storage", "window", "reclaimed B", "KV tokens gained")
@@ -606,6 +624,8 @@ def plan_table(plan: Plan) -> str:
             detail = f"reads {shown(r.tensor, NAME_LIMIT)}"
             if len(r.sources) > 1:
                 detail += f" and {len(r.sources) - 1:,} more storages"
+        elif r.reason == DISABLED:  # the operator's choice, not a fallback (check's words)
+            detail = DISABLED
         else:
             detail = f"falls back: {shown(r.reason or '', 300)}"
         lines.append(_wrapped(detail, "      "))
@@ -687,6 +707,13 @@ def _check(args: argparse.Namespace) -> int:
     )
 
 
+def _schema(args: argparse.Namespace) -> int:
+    from ._json_models import json_schema
+
+    print(json.dumps(json_schema(args.name), indent=2))
+    return 0
+
+
 def _terminate(signum: int, _frame: object) -> None:
     # SIGTERM unwinds like Ctrl-C, so temporary checkpoints are removed on the way out.
     raise KeyboardInterrupt(signum)
@@ -715,7 +742,18 @@ def _error(command: str, cause: str, fix: str | None = None) -> None:
     print(error_line(command, cause, fix), file=sys.stderr)
 
 
+_RAISED = "and on_error = 'raise': "
+"""What start-up's error says when ``on_error = "raise"`` turned a fallback into an abort."""
+RAISED_FIX = (
+    'set on_error = "fallback" in the config\'s [plugins.l2evict] section (start-up then '
+    "keeps stock b12x and credits 0 instead of aborting)"
+)
+"""The fix of an abort under ``on_error = "raise"`` whose cause names no fix of its own."""
+
+
 def _fix_for(error: Exception) -> str | None:
+    if _RAISED in str(error):  # the cause's own fix, if it has one, still comes first
+        return RAISED_FIX
     return next((fix for kind, fix in _DEFAULT_FIX if isinstance(error, kind)), None)
 
 
@@ -776,6 +814,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "plan": _plan,
         "check": _check,
         "example": _example,
+        "schema": _schema,
     }
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:

@@ -34,6 +34,15 @@ MAX_JSON_DEPTH = 127
 MAX_INDEX_BYTES = 100_000_000
 """An index this large names tens of millions of tensors: a wrong file, not a checkpoint."""
 
+
+def missing_checkpoint(path: Path) -> CheckpointError:
+    """The one line for a checkpoint path that does not exist, in every command alike."""
+    return CheckpointError(
+        f"{shown(str(path))}: no such checkpoint file; fix: check the path, and pass the "
+        "checkpoint's .safetensors files or its model.safetensors.index.json"
+    )
+
+
 _USIZE_MAX = (1 << 64) - 1
 _I64_MIN = -(1 << 63)
 _F64_OVERFLOW = 2**1024 - 2**970
@@ -368,7 +377,9 @@ def _open(path: Path, what: str) -> tuple[_File, int, bytes]:
                 )
             raw = handle.read(length)
     except (FileNotFoundError, NotADirectoryError):
-        raise CheckpointError(f"{where}: no such {what}; fix: check the path") from None
+        if what == "shard":  # the index named it, and it vanished after the index was read
+            raise CheckpointError(f"{where}: no such {what}; fix: check the path") from None
+        raise missing_checkpoint(path) from None
     except (OSError, ValueError) as error:  # ValueError: a NUL inside the path
         reason = getattr(error, "strerror", None) or str(error)
         raise CheckpointError(f"{where}: cannot read the {what} ({shown(reason)})") from None
@@ -422,7 +433,7 @@ def _weight_map(path: Path) -> dict[str, str]:
         if not isinstance(found[-1], _Pairs):
             raise ValueError(f"weight_map is a JSON {_kind(found[-1])}, not an object")
     except FileNotFoundError:
-        raise CheckpointError(f"{where}: no such index file; fix: check the path") from None
+        raise missing_checkpoint(path) from None
     except (OSError, ValueError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         raise CheckpointError(f"{where}: not a safetensors index ({shown(reason)})") from None

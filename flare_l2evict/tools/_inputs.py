@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from .._errors import CheckpointError, PluginNotFoundError
+from .._errors import PluginNotFoundError
 from .._markers import ENTRY_POINT_GROUP
 from .._settings import (
     DISABLED as DISABLED,
@@ -21,6 +21,7 @@ from .._settings import (
     read_section,
     settings_from_section,
 )
+from ._headers import missing_checkpoint as missing_checkpoint
 
 
 def installed_plugins() -> list[str]:
@@ -38,14 +39,6 @@ def refuse_unknown_plugins(names: Sequence[str]) -> None:
                 f"(installed: {', '.join(installed) or 'none'}); "
                 "fix: pip install the package that provides it, or drop the flag"
             )
-
-
-def missing_checkpoint(path: Path) -> CheckpointError:
-    """The one line for a checkpoint path that does not exist (``startup``'s words)."""
-    return CheckpointError(
-        f"{path}: no such checkpoint; fix: pass a .safetensors file, or none for the "
-        "embedded example"
-    )
 
 
 def refuse_unreadable_checkpoint(paths: Sequence[Path]) -> None:

@@ -106,7 +106,8 @@ class StartupResult:
     kv_tokens: int
     report: ReclaimReport | None
     job_evictions: tuple[str, ...]
-    """Each race job's eviction: ``"weights"``, ``"stock"`` (its own buffer) or ``"none"``."""
+    """Each race job's eviction: ``"weights"``, ``"stock"`` (its own buffer, made on CUDA,
+    counted at stock's size on a CPU) or ``"none"`` (on CUDA, b12x's seam gave no eviction)."""
     race_winners: tuple[int, ...] = ()
     race_peak_bytes: int | None = None
     cute_guard_stand_in: bool = False
@@ -299,7 +300,10 @@ class ReferenceHost:
             modelled = sum(stock_buffer_bytes(l2) for e in evictions if not _reads_weights(e))
             if any(map(_reads_weights, evictions)):
                 modelled += EVICTION_OUTPUT_BYTES  # the plugin's own outputs, once per process
-            return _RaceJobs(modelled, False, tuple(map(_kind, evictions)))
+            # A job the plugin does not serve is counted at stock's buffer, so it reads
+            # "stock": stock b12x cannot make its buffer on a CPU, but would on the GPU.
+            kinds = tuple("weights" if _reads_weights(e) else "stock" for e in evictions)
+            return _RaceJobs(modelled, False, kinds)
         from ._races import cute_guard, gemm_candidates, run_race
 
         calls = gemm_candidates(self.device)
