@@ -110,7 +110,8 @@ def test_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     code, _, err = run(capsys, "startup", "--device", "cuda:0")
-    assert code == 2 and "CUDA is not available here; fix: --device cpu" in err
+    assert code == 2 and "--device cuda:0: CUDA is not available here" in err
+    assert err.endswith("; fix: --device cpu\n")
 
 
 def test_python_dash_m_and_console_script() -> None:

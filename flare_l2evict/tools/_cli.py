@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import CheckpointError, ConfigError, L2EvictError
 from .._text import shown
+from ._driver import missing_driver
 from ._lines import one_line
 from ._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
 from ._units import GiB, MiB
@@ -117,7 +118,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _device(text: str) -> torch.device:
-    """The device named by --device, checked against this machine."""
+    """The device named by --device, checked against this machine by torch.
+
+    A machine with no GPU driver is refused before torch is imported, by
+    :func:`_refuse_cuda_without_driver`.
+    """
     import torch
 
     device = torch.device(text)
@@ -130,6 +135,20 @@ def _device(text: str) -> torch.device:
                 f"fix: --device cuda:0..{torch.cuda.device_count() - 1}"
             )
     return device
+
+
+def _refuse_cuda_without_driver(text: str) -> None:
+    """Refuse ``cuda:N`` on a machine with no GPU driver, torch-free, in milliseconds."""
+    if text.startswith("cuda") and (missing := missing_driver()) is not None:
+        raise L2EvictError(
+            f"--device {text}: CUDA is not available here ({missing}); fix: --device cpu"
+        )
+
+
+_NO_RACES = (
+    "--races runs b12x's races on a CUDA device, and there is none here{}; "
+    "fix: run it on the GPU machine, or drop --races"
+)
 
 
 def _add_profile_flags(
@@ -455,6 +474,7 @@ def _startup(args: argparse.Namespace) -> int:
     refuse_non_safetensors(args.checkpoint)
     refuse_unreadable_checkpoint(args.checkpoint)
     profile = _profile(args)
+    _refuse_cuda_without_driver(args.device)
     device = _device(args.device)
     import torch
 
@@ -650,6 +670,10 @@ def _check(args: argparse.Namespace) -> int:
             f"--races runs b12x's races on a CUDA device (--device {args.device} given); "
             "fix: drop --device, or name cuda:N"
         )
+    if args.races and (missing := missing_driver()) is not None:
+        raise L2EvictError(_NO_RACES.format(f" ({missing})"))
+    if args.device is not None:
+        _refuse_cuda_without_driver(args.device)
     from ._check import run_check
 
     if args.device is not None:
@@ -661,10 +685,7 @@ def _check(args: argparse.Namespace) -> int:
         if torch.cuda.is_available():
             args.device, reason = "cuda:0", "default: CUDA is available here"
         elif args.races:
-            raise L2EvictError(
-                "--races runs b12x's races on a CUDA device, and there is none here; "
-                "fix: run it on the GPU machine, or drop --races"
-            )
+            raise L2EvictError(_NO_RACES.format(""))
         else:
             args.device = "cpu"
             reason = f"default: no CUDA device here, so profile {args.profile} stands in"
