@@ -13,7 +13,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -771,6 +771,35 @@ def refuse_non_safetensors(paths: Sequence[Path]) -> None:
 _TEXT_BYTES = frozenset(range(0x20, 0x7F)) | frozenset(b"\t\n\r\f\v")
 
 
+LOGGER = "flare_l2evict"
+"""The one logger the CLI routes to stderr: its own and the plugin's lines, no library's."""
+
+
+def _route_log(level: int) -> Callable[[], None]:
+    """:data:`LOGGER`'s lines at ``level`` and above to stderr; returns the undo.
+
+    Only this package's logger, not the root: a library's own INFO lines (torch's
+    ``FakeTensor cache stats`` at exit) are not the operator's. It does not
+    propagate meanwhile, so a library that configured the root logger cannot
+    print each line twice. The undo leaves the logger as it was, for a program
+    that calls :func:`main` in-process.
+    """
+    logger = logging.getLogger(LOGGER)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    was = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+
+    def unroute() -> None:
+        logger.removeHandler(handler)
+        logger.setLevel(was[0])
+        logger.propagate = was[1]
+
+    return unroute
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
@@ -783,7 +812,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "verbose", False)
         else logging.INFO
     )
-    logging.basicConfig(level=level, format="%(levelname)s %(message)s", stream=sys.stderr)
+    unroute = _route_log(level)
     commands = {
         "startup": _startup,
         "plan": _plan,
@@ -808,3 +837,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     finally:
         signal.signal(signal.SIGTERM, previous)
+        unroute()
