@@ -23,6 +23,7 @@ from .._text import shown
 from ._driver import missing_driver
 from ._lines import one_line
 from ._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
+from ._steps import log_steps
 from ._units import GiB, MiB
 
 if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any tool
@@ -30,6 +31,11 @@ if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any 
 
     from ._plan import Plan
     from .reference_host import StartupResult
+
+
+LOGGER = "flare_l2evict"
+"""The one logger the CLI routes to stderr: its own and the plugin's lines, no library's."""
+log = logging.getLogger(f"{LOGGER}.tools.cli")
 
 
 # Upper bounds that refuse a typo before it costs minutes or terabytes.
@@ -395,7 +401,12 @@ def _add_verbosity(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "-q", "--quiet", action="store_true", help="log warnings and errors only (stderr)"
     )
-    group.add_argument("-v", "--verbose", action="store_true", help="log debug lines too")
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log debug lines too: how the plugin decided, step by step (stderr)",
+    )
 
 
 SCHEMA = 1
@@ -496,6 +507,8 @@ def _startup(args: argparse.Namespace) -> int:
         checkpoint = args.checkpoint or [write_example_checkpoint(scratch, stock_window_bytes(l2))]
         before = ReferenceHost(plugins=(), **common).start(checkpoint)
         after = ReferenceHost(plugins=args.plugin, **common).start(checkpoint)
+    if after.report is not None:
+        log_steps(log, "startup's before_first_capture", after.report.seconds)
     # Fell back: asked for, enabled, and credited nothing (its WARNING line says why).
     code = EXIT_FALLS_BACK if enabled and after.reclaimed_bytes == 0 else EXIT_INSTALLS
     if args.json:
@@ -523,6 +536,7 @@ def _plan(args: argparse.Namespace) -> int:
     profile = _profile(args)
     refuse_non_safetensors(args.checkpoint)
     started = time.perf_counter()
+    steps: dict[str, float] = {}
     if args.per_rank:
         if len(args.checkpoint) != args.tp:
             raise L2EvictError(
@@ -537,6 +551,7 @@ def _plan(args: argparse.Namespace) -> int:
         shards, estimate = split_evenly(headers[0], args.tp, args.split_dim)
         if args.tp == 1:
             estimate = None
+    steps["headers"] = time.perf_counter() - started
     plan = make_plan(
         shards,
         settings,
@@ -548,6 +563,8 @@ def _plan(args: argparse.Namespace) -> int:
         estimate=estimate,
     )
     elapsed = time.perf_counter() - started
+    steps["decision"] = elapsed - steps["headers"]
+    log_steps(log, "plan", {**steps, "total": elapsed})
     # The agreed figure is the minimum over ranks: 0 when any rank falls back.
     falls_back = settings.enabled and plan.agreed_reclaimed_bytes == 0
     code = EXIT_FALLS_BACK if falls_back else EXIT_INSTALLS
@@ -769,10 +786,6 @@ def refuse_non_safetensors(paths: Sequence[Path]) -> None:
 
 
 _TEXT_BYTES = frozenset(range(0x20, 0x7F)) | frozenset(b"\t\n\r\f\v")
-
-
-LOGGER = "flare_l2evict"
-"""The one logger the CLI routes to stderr: its own and the plugin's lines, no library's."""
 
 
 def _route_log(level: int) -> Callable[[], None]:
