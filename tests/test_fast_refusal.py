@@ -1,4 +1,5 @@
-"""Usage and input errors are answered before torch or b12x is imported (issue 29, item 1).
+"""Usage and input errors are answered before torch or b12x is imported (issue 29, item 1), and
+so are device errors on a machine with no GPU driver (issue 35, item 2).
 
 Each mistake runs in a fresh interpreter that calls the CLI's ``main`` and then
 reports whether ``torch`` and ``b12x`` are in ``sys.modules``: the clock varies
