@@ -7,17 +7,23 @@ so a window of N bytes always displaces N distinct bytes of L2.
 from __future__ import annotations
 
 import fnmatch
+import heapq
+import logging
 import re
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, groupby, islice
+from itertools import compress, groupby, islice, repeat
+from operator import ge, is_
 from typing import Protocol, TypeVar
 
 from ._credit import WORD
+from ._log import say
 from ._report import HOST, Wording
 from ._text import shown
+
+log = logging.getLogger("flare_l2evict.decision")
 
 SKIP_REASONS = (
     "other device",
@@ -235,7 +241,7 @@ def choose_regions(
 
     Skipped, empty and misaligned storages, and any overlapping an ``exclude`` match,
     are never read. Ties go to the name that sorts first (then the lower address),
-    so the same tensors give the same choice in any order.
+    so the same tensors give the same choice in any order. DEBUG: :func:`_log_choice`.
     """
     if window_bytes <= 0:
         raise ValueError("window_bytes must be positive")
@@ -246,19 +252,23 @@ def choose_regions(
     # Every byte together too few: no need to try each.
     union = _Gather(storages, excluded, window_bytes).union() if total >= window_words else None
     if union is None or union.readable < window_words:
-        return RegionChoice(
-            window_bytes, (), 0, _shortfall(storages, window_bytes, excluded, where, words)
+        why = _shortfall(storages, window_bytes, excluded, where, words)
+        choice = RegionChoice(window_bytes, (), 0, why)
+    elif (tails := _tails(union.regions(), storages.starts, window_words))[1] <= MAX_PIECES:
+        choice = RegionChoice(
+            window_bytes, tuple(tails[0]), sum(r.read_bytes for r in tails[0]), None
         )
-    chosen, pieces = _tails(union.regions(), storages.starts, window_words)
-    if pieces <= MAX_PIECES:
-        return RegionChoice(window_bytes, tuple(chosen), sum(r.read_bytes for r in chosen), None)
-    too_many = (
-        f"the {window_bytes:,}-byte eviction window on {where} would be read in more than "
-        f"{MAX_PIECES} separate pieces (the largest eligible storages are small), one "
-        "launch each before every race sample: slower than stock's single read; stock "
-        "b12x keeps its own buffer"
-    )
-    return RegionChoice(window_bytes, (), 0, too_many)
+    else:
+        too_many = (
+            f"the {window_bytes:,}-byte eviction window on {where} would be read in more than "
+            f"{MAX_PIECES} separate pieces (the largest eligible storages are small), one "
+            "launch each before every race sample: slower than stock's single read; stock "
+            "b12x keeps its own buffer"
+        )
+        choice = RegionChoice(window_bytes, (), 0, too_many)
+    if log.isEnabledFor(logging.DEBUG):
+        _log_choice(storages, choice, excluded, where)
+    return choice
 
 
 class _Gather:
@@ -466,3 +476,54 @@ def borrowed_line(why: str, names: Iterable[str], count: int, words: Wording = H
         f"({what}), which its owner can free, move or unmap under the eviction: "
         f"{_named(names, count)}; fix: {_fix(fix, words)}"
     )
+
+
+_LISTED = 5
+"""Storages a DEBUG line lists, largest first; the rest are counted."""
+
+
+def _log_choice(storages: Storages, choice: RegionChoice, excluded: _Ranges, where: str) -> None:
+    """Two DEBUG lines at any tensor count: the largest storages and what became of each (the
+    rest counted; views of one share start and size); the skips per reason (three names each)
+    and the outcome. A pass over every tensor, at C speed where it can be: DEBUG only."""
+    names, sizes, everyone = storages.names, storages.sizes, range(len(storages.sizes))
+    try:
+        starts = list(map(storages.starts.__getitem__, everyone))
+        skips = storages.skips
+        why: list[str | None] = list(map(skips.__getitem__, everyone)) if skips else []
+    except Exception as error:  # a description must never cost the choice it describes
+        say(log, logging.DEBUG, "flare_l2evict: decision on %s not described (%r)", where, error)
+        return
+    why = why or [None] * len(sizes)
+    for i in compress(everyone, map(is_, why, repeat(None))):
+        size, start = sizes[i], starts[i]
+        if size <= 0 or start % WORD or excluded.touch(start, start + size):
+            why[i] = "empty or freed" if size <= 0 else "misaligned" if start % WORD else "excluded"
+    keys = list(zip(starts, sizes, strict=True))
+    distinct = dict.fromkeys(keys)
+    cut = min(heapq.nlargest(_LISTED, (size for _, size in distinct)), default=0)
+    first: dict[tuple[int, int], int] = {}  # the largest storages' names that sort first
+    for i in compress(everyone, map(ge, sizes, repeat(cut))):
+        if keys[i] not in first or names[i] < names[first[keys[i]]]:
+            first[keys[i]] = i
+    read: Counter[tuple[int, int]] = Counter()
+    for piece in (piece for region in choice.regions for piece in region.pieces):
+        read[keys[piece.owner]] += piece.nbytes
+    top = heapq.nsmallest(_LISTED, first.items(), key=lambda kv: (-kv[0][1], names[kv[1]]))
+    listed = "; ".join(
+        f"{shown(repr(names[i]), 80)} {key[1]:,} B: "
+        + (why[i] or (f"read {read[key]:,} B" if read[key] else "not read"))
+        for key, i in top
+    )
+    counts = Counter(why)
+    skipped = ", ".join(
+        f"{counts[r]:,} {r} ({_named((names[i] for i in everyone if why[i] == r), counts[r])})"
+        for r in SKIP_REASONS
+        if counts[r]
+    )
+    more = f" and {len(distinct) - len(top):,} more" if len(distinct) > len(top) else ""
+    outcome = f"reads {choice.read_bytes:,} bytes" if choice.shortfall is None else "reads none"
+    say(log, logging.DEBUG, "flare_l2evict: decision on %s: %s tensors in %s storages, largest "
+        "first: %s%s", where, f"{len(names):,}", f"{len(distinct):,}", listed, more)  # fmt: skip
+    say(log, logging.DEBUG, "flare_l2evict: decision on %s: skipped: %s; %s of the %s-byte "
+        "window", where, skipped or "none", outcome, f"{choice.window_bytes:,}")  # fmt: skip

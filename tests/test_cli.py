@@ -29,17 +29,14 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_demo_prints_the_side_by_side_table(
-    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
-) -> None:
-    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
-        code, out, _ = run(capsys, "startup", "--plugin", "l2evict", "--profile", "h100")
+def test_demo_prints_the_side_by_side_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "startup", "--plugin", "l2evict", "--profile", "h100")
     assert code == 0
     assert "L2 eviction storage" in out and "5 x 100 MiB" in out
     assert f"{OUTPUTS:,} B (reads weights)" in out
     reclaimed = 5 * 100 * MiB - OWN
     assert "Reclaimed (report)" in out and f"{reclaimed:,} B" in out
-    assert f"flare_l2evict: reclaimed {reclaimed:,} bytes on cpu" in caplog.text
+    assert f"INFO flare_l2evict: reclaimed {reclaimed:,} bytes on cpu" in err
 
 
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,7 +136,8 @@ def test_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     code, _, err = run(capsys, "startup", "--device", "cuda:0")
-    assert code == 2 and "CUDA is not available here; fix: --device cpu" in err
+    assert code == 2 and "--device cuda:0: CUDA is not available here" in err
+    assert err.endswith("; fix: --device cpu\n")
 
 
 def test_python_dash_m_and_console_script() -> None:
@@ -221,16 +219,13 @@ def test_help_is_argparse_usage_on_stdout(capsys: pytest.CaptureFixture[str]) ->
         assert out.startswith("usage: flare-l2evict") and "options:" in out
 
 
-def test_startup_says_each_fact_once_per_stream(
-    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
-) -> None:
-    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
-        code, out, _ = run(capsys, "startup", "--plugin", "l2evict", "--profile", "h100")
+def test_startup_says_each_fact_once_per_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "startup", "--plugin", "l2evict", "--profile", "h100")
     assert code == 0
     reclaimed = f"{5 * 100 * MiB - OWN:,}"
     # The credit and the audit are the plugin's log lines; the table has the figure once.
-    assert caplog.text.count(f"reclaimed {reclaimed} bytes") == 1
-    assert "audit: credited" in caplog.text
+    assert err.count(f"reclaimed {reclaimed} bytes") == 1
+    assert "audit: credited" in err
     assert out.count(reclaimed) == 1 and "audit" not in out and "races read" not in out
     assert all(len(line) <= 100 for line in out.splitlines())
 
@@ -444,6 +439,40 @@ def test_every_parser_refuses_abbreviations_and_takes_q_and_v(
     with pytest.raises(SystemExit) as exited:
         main(["plan", "x.safetensors", "--split-d", "1"])
     assert exited.value.code == 2 and "unrecognized arguments: --split-d" in capsys.readouterr().err
+
+
+def test_only_the_packages_logger_reaches_stderr(tmp_path: Path) -> None:
+    """A library's INFO lines are not the operator's: torch's ``FakeTensor cache stats`` at exit
+    followed the one error line of an interrupted command while the CLI routed the root logger."""
+    script = (
+        "import atexit, logging, sys\n"
+        "from flare_l2evict.tools import _cli\n"
+        "torch_log = logging.getLogger('torch._subclasses.fake_tensor')\n"
+        "atexit.register(torch_log.info, 'FakeTensor cache stats:')\n"
+        "plan = _cli._plan\n"
+        "def plan_and_a_library_line(args):\n"
+        "    logging.getLogger('some.library').info('a library line during the command')\n"
+        "    return plan(args)\n"
+        "_cli._plan = plan_and_a_library_line\n"
+        "raise SystemExit(_cli.main(sys.argv[1:]))\n"
+    )
+    index = tmp_path / "missing.safetensors"
+    done = subprocess.run(
+        [sys.executable, "-c", script, "plan", str(index)],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: flare-l2evict plan: ") and "no such" in line
+
+
+def test_the_cli_routes_its_logger_and_gives_it_back(capsys: pytest.CaptureFixture[str]) -> None:
+    """In-process, ``main`` leaves the logger as it found it: a host's own handlers see lines."""
+    logger = logging.getLogger("flare_l2evict")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    code, _, err = run(capsys, "startup", "--plugin", "l2evict", "--profile", "h100")
+    assert code == 0 and "INFO flare_l2evict: reclaimed" in err
+    assert (logger.handlers, logger.level, logger.propagate) == (handlers, level, propagate)
 
 
 def test_quiet_logs_only_warnings(capsys: pytest.CaptureFixture[str]) -> None:

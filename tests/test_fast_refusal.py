@@ -1,4 +1,5 @@
-"""Usage and input errors are answered before torch or b12x is imported (issue 29, item 1).
+"""Usage and input errors are answered before torch or b12x is imported (issue 29, item 1), and
+so are device errors on a machine with no GPU driver (issue 35, item 2).
 
 Each mistake runs in a fresh interpreter that calls the CLI's ``main`` and then
 reports whether ``torch`` and ``b12x`` are in ``sys.modules``: the clock varies
@@ -20,10 +21,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 _PROBE = r"""
-import json, sys
-from flare_l2evict.tools._cli import main
+import importlib, json, sys
+main = importlib.import_module(sys.argv[1]).main
 try:
-    code = main(sys.argv[1:])
+    code = main(sys.argv[2:])
 except SystemExit as exited:
     code = exited.code
 print(json.dumps({"code": code, "torch": "torch" in sys.modules,
@@ -49,6 +50,39 @@ CASES: list[tuple[str, list[str], str]] = [
 ]  # fmt: skip
 
 
+def _driver_here() -> bool:
+    """Whether this machine has any trace of a GPU driver (then torch must be asked)."""
+    import ctypes.util
+
+    traces = ("/dev/nvidiactl", "/proc/driver/nvidia", "/sys/module/nvidia", "/dev/dxg",
+              "/dev/kfd")  # fmt: skip
+    return (
+        not sys.platform.startswith("linux")
+        or any(map(os.path.exists, traces))
+        or ctypes.util.find_library("cuda") is not None
+    )
+
+
+_NO_DRIVER = pytest.mark.skipif(_driver_here(), reason="this machine has a GPU driver")
+_BENCH = "benchmarks.bench._command"
+NO_DRIVER_CASES: list[tuple[str, list[str], str]] = [
+    ("--device cuda:0 (startup)", ["startup", "--device", "cuda:0"], "no NVIDIA driver"),
+    ("--device cuda:3 (check)", ["check", "--device", "cuda:3"], "no NVIDIA driver"),
+    ("--races (check)", ["check", "--races"], "no NVIDIA driver"),
+    ("--races --device cuda:0 (check)", ["check", "--races", "--device", "cuda:0"],
+     "--races runs b12x's races"),
+    ("the bench's default cuda:0", [_BENCH], "no CUDA here"),
+    ("--device cuda:1 (bench)", [_BENCH, "--device", "cuda:1"], "CUDA is not available here"),
+]  # fmt: skip
+"""Refused on a machine with no GPU driver at all, before torch: ``torch.cuda`` costs its
+import. Each runs the CLI unless it names another entry point's module first."""
+
+_CLI = "flare_l2evict.tools._cli"
+ALL_CASES = [pytest.param(*case, id=case[0]) for case in CASES] + [
+    pytest.param(*case, id=case[0], marks=_NO_DRIVER) for case in NO_DRIVER_CASES
+]
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     where = tmp_path_factory.mktemp("mistakes")
@@ -58,11 +92,13 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where
 
 
-@pytest.mark.parametrize(("what", "argv", "said"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("what", "argv", "said"), ALL_CASES)
 def test_each_mistake_is_refused_before_torch_is_imported(
     inputs: Path, what: str, argv: list[str], said: str
 ) -> None:
     args = [a.format(dir=inputs) for a in argv]
+    if args[0] != _BENCH:
+        args.insert(0, _CLI)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     began = time.perf_counter()
     done = subprocess.run(
@@ -80,5 +116,28 @@ def test_each_mistake_is_refused_before_torch_is_imported(
     assert not seen["torch"], f"{what}: torch was imported before the refusal"
     assert not seen["b12x"], f"{what}: b12x was imported before the refusal"
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: flare-l2evict "), done.stderr
+    program = "python -m benchmarks.bench" if args[0] == _BENCH else "flare-l2evict"
+    assert len(lines) == 1 and lines[0].startswith(f"error: {program}"), done.stderr
     assert said in lines[0] and "; fix: " in lines[0]
+
+
+def test_any_trace_of_a_driver_leaves_the_answer_to_torch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The check refuses only where CUDA cannot work: never a false refusal on a GPU machine."""
+    from flare_l2evict.tools import _driver
+
+    monkeypatch.setattr(_driver, "DRIVER_LIBRARY", "libflare-l2evict-no-such-driver.so.1")
+    monkeypatch.setattr(_driver, "_GPU_PATHS", (str(tmp_path / "nvidiactl"),))
+    assert _driver.missing_driver() == (
+        "no NVIDIA driver: libflare-l2evict-no-such-driver.so.1 does not load and there is no "
+        "/dev/nvidiactl"
+    )
+    (tmp_path / "nvidiactl").touch()  # a device file, the kernel module, WSL's or ROCm's
+    assert _driver.missing_driver() is None
+    (tmp_path / "nvidiactl").unlink()
+    monkeypatch.setattr(_driver, "DRIVER_LIBRARY", "libc.so.6")  # a library that loads
+    assert _driver.missing_driver() is None
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setattr(_driver, "DRIVER_LIBRARY", "libflare-l2evict-no-such-driver.so.1")
+    assert _driver.missing_driver() is None

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from flare_l2evict._errors import L2EvictError
 from flare_l2evict._text import shown
 from flare_l2evict.tools._cli import whole_number_in
+from flare_l2evict.tools._driver import missing_driver
 from flare_l2evict.tools._lines import one_line
 
 PROG = "python -m benchmarks.bench"
@@ -101,11 +102,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import torch
-
     given = args.device is not None
     args.device = args.device or "cuda:0"
-    if not args.device.startswith("cuda") or not torch.cuda.is_available():
+    # A machine with no GPU driver is told in milliseconds; torch's import takes seconds.
+    usable = args.device.startswith("cuda") and missing_driver() is None
+    if usable:
+        import torch
+
+        usable = torch.cuda.is_available()
+    if not usable:
         if not given:
             why = "no --device given, and the default cuda:0 is not available: no CUDA here"
         elif args.device.startswith("cuda"):
@@ -113,6 +118,8 @@ def _bench(args: argparse.Namespace) -> int:
         else:
             why = f"--device {args.device} given"
         raise L2EvictError(f"needs a CUDA device ({why}); fix: run it on a GPU machine")
+    import torch
+
     device = torch.device(args.device)
     if device.index is not None and device.index >= torch.cuda.device_count():
         raise L2EvictError(

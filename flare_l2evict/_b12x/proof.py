@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import sys
 import types
 from collections.abc import Callable
@@ -19,11 +20,14 @@ import torch
 
 from .._credit import stock_buffer_bytes
 from .._errors import InstallError
+from .._log import say
 from .provider import MIN_B12X, MIN_FLASHINFER, provider_problem, versions
 from .table import ROOTS, SeamRow, rows
 
 if TYPE_CHECKING:
     from .._settings import L2EvictSettings
+
+log = logging.getLogger("flare_l2evict.seam")
 
 MARK = "__flare_l2evict__"
 """Attribute set on the plugin's replacement of the seam (its ``__wrapped__`` is the original)."""
@@ -354,6 +358,31 @@ def measure_basis(
     fork = fork_api()
     if fork is not None:
         formula = StockBuffer(stock_buffer_bytes(l2), measured=False)
-        return CreditBasis(l2, window, formula, race_jobs, None, fork)
-    proof = prove_seam()
-    return CreditBasis(l2, window, measure_stock_buffer(proof, device, l2), race_jobs, proof)
+        basis = CreditBasis(l2, window, formula, race_jobs, None, fork)
+    else:
+        proof = prove_seam()
+        stock = measure_stock_buffer(proof, device, l2)
+        basis = CreditBasis(l2, window, stock, race_jobs, proof)
+    if log.isEnabledFor(logging.DEBUG):
+        _log_basis(basis, device, settings.window, l2_cache_bytes is not None)
+    return basis
+
+
+def _log_basis(basis: CreditBasis, device: torch.device, window: object, given: bool) -> None:
+    """One DEBUG line: which seam (the fork's or stock's, which b12x) and the credit's figures."""
+    proof, fork = basis.proof, basis.fork
+    if proof is None:
+        seam = f"the fork's {getattr(fork, '__module__', '?')}.{getattr(fork, '__qualname__', '?')}"
+    else:
+        release = proof.b12x_version or f"of flashinfer-python {proof.flashinfer_version or '-'}"
+        seam = (
+            f"{proof.row.name}: {proof.row.function} proved in {len(proof.seams)} loaded "
+            f"module(s) (its callers look it up when they run), {len(proof.bindings)} other "
+            f"binding(s) to redirect; b12x {release}"
+        )
+    how = "measured" if basis.stock.measured else "formula max(2 x L2, 64 MiB)"
+    say(log, logging.DEBUG, "flare_l2evict: seam on %s: %s; basis: stock buffer %s bytes per "
+        "race job (%s), window %s bytes (%s), L2 %s bytes (%s), %d race jobs", device, seam,
+        f"{basis.stock.nbytes:,}", how, f"{basis.window_bytes:,}", window,
+        f"{basis.l2_cache_bytes:,}", "given" if given else "read from the device",
+        basis.race_jobs)  # fmt: skip

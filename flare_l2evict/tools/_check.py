@@ -13,6 +13,7 @@ once; or with ``as_json`` one object holding every figure.
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,12 +30,16 @@ from ._config_file import load_deployment_config
 from ._inputs import DISABLED, settings_from_config
 from ._origin import b12x_origin
 from ._releases import judged
+from ._steps import Steps, log_steps
 
 if TYPE_CHECKING:
     import torch
 
     from ._headers import TensorHeader
     from ._profiles import DeviceProfile
+
+
+log = logging.getLogger("flare_l2evict.tools.check")
 
 
 def _version(name: str) -> str | None:
@@ -81,11 +86,15 @@ def run_check(
     own = _version("flare-l2evict") or "(not installed)"
     report.figures["flare_l2evict"] = own
     report.line(f"flare-l2evict {own} check on {device} ({device_reason})")
-    _provider_lines(report)
-    basis, blocked = _basis(report, device, profile, settings)
+    steps = Steps()
+    with steps.step("provider"):
+        _provider_lines(report)
+    with steps.step("basis"):
+        basis, blocked = _basis(report, device, profile, settings)
     if not settings.enabled:
         blocked = DISABLED
-    granted = _storage_and_credit(report, headers, settings, basis, blocked)
+    with steps.step("decision"):
+        granted = _storage_and_credit(report, headers, settings, basis, blocked)
     if not settings.enabled:
         # The operator's choice, not a fault: stock b12x, and nothing to act on.
         report.figures |= {"verdict": "disabled", "credit_bytes": 0, "reason": DISABLED}
@@ -107,10 +116,12 @@ def run_check(
     if races:
         from ._races_check import race_check
 
-        agreed = race_check(device, settings, report.line)
+        with steps.step("races"):
+            agreed = race_check(device, settings, report.line)
         report.figures["races"] = agreed.as_dict()
         if not agreed.agrees:
             code = 1
+    log_steps(log, "check", steps.seconds)
     report.figures["exit_code"] = code
     if as_json:
         from ._json_models import dumped

@@ -13,15 +13,17 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import CheckpointError, ConfigError, L2EvictError
 from .._text import shown
+from ._driver import missing_driver
 from ._lines import one_line
 from ._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
+from ._steps import log_steps
 from ._units import GiB, MiB
 
 if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any tool
@@ -29,6 +31,11 @@ if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any 
 
     from ._plan import Plan
     from .reference_host import StartupResult
+
+
+LOGGER = "flare_l2evict"
+"""The one logger the CLI routes to stderr: its own and the plugin's lines, no library's."""
+log = logging.getLogger(f"{LOGGER}.tools.cli")
 
 
 # Upper bounds that refuse a typo before it costs minutes or terabytes.
@@ -117,7 +124,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _device(text: str) -> torch.device:
-    """The device named by --device, checked against this machine."""
+    """The device named by --device, checked against this machine by torch.
+
+    A machine with no GPU driver is refused before torch is imported, by
+    :func:`_refuse_cuda_without_driver`.
+    """
     import torch
 
     device = torch.device(text)
@@ -130,6 +141,20 @@ def _device(text: str) -> torch.device:
                 f"fix: --device cuda:0..{torch.cuda.device_count() - 1}"
             )
     return device
+
+
+def _refuse_cuda_without_driver(text: str) -> None:
+    """Refuse ``cuda:N`` on a machine with no GPU driver, torch-free, in milliseconds."""
+    if text.startswith("cuda") and (missing := missing_driver()) is not None:
+        raise L2EvictError(
+            f"--device {text}: CUDA is not available here ({missing}); fix: --device cpu"
+        )
+
+
+_NO_RACES = (
+    "--races runs b12x's races on a CUDA device, and there is none here{}; "
+    "fix: run it on the GPU machine, or drop --races"
+)
 
 
 def _add_profile_flags(
@@ -392,7 +417,12 @@ def _add_verbosity(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "-q", "--quiet", action="store_true", help="log warnings and errors only (stderr)"
     )
-    group.add_argument("-v", "--verbose", action="store_true", help="log debug lines too")
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log debug lines too: how the plugin decided, step by step (stderr)",
+    )
 
 
 def _eviction_cell(result: StartupResult) -> str:
@@ -467,6 +497,7 @@ def _startup(args: argparse.Namespace) -> int:
     refuse_non_safetensors(args.checkpoint)
     refuse_unreadable_checkpoint(args.checkpoint)
     profile = _profile(args)
+    _refuse_cuda_without_driver(args.device)
     device = _device(args.device)
     import torch
 
@@ -488,6 +519,8 @@ def _startup(args: argparse.Namespace) -> int:
         checkpoint = args.checkpoint or [write_example_checkpoint(scratch, stock_window_bytes(l2))]
         before = ReferenceHost(plugins=(), **common).start(checkpoint)
         after = ReferenceHost(plugins=args.plugin, **common).start(checkpoint)
+    if after.report is not None:
+        log_steps(log, "startup's before_first_capture", after.report.seconds)
     # Fell back: asked for, enabled, and credited nothing (its WARNING line says why).
     code = EXIT_FALLS_BACK if enabled and after.reclaimed_bytes == 0 else EXIT_INSTALLS
     if args.json:
@@ -518,6 +551,7 @@ def _plan(args: argparse.Namespace) -> int:
     profile = _profile(args)
     refuse_non_safetensors(args.checkpoint)
     started = time.perf_counter()
+    steps: dict[str, float] = {}
     if args.per_rank:
         if len(args.checkpoint) != args.tp:
             raise L2EvictError(
@@ -532,6 +566,7 @@ def _plan(args: argparse.Namespace) -> int:
         shards, estimate = split_evenly(headers[0], args.tp, args.split_dim)
         if args.tp == 1:
             estimate = None
+    steps["headers"] = time.perf_counter() - started
     plan = make_plan(
         shards,
         settings,
@@ -543,6 +578,8 @@ def _plan(args: argparse.Namespace) -> int:
         estimate=estimate,
     )
     elapsed = time.perf_counter() - started
+    steps["decision"] = elapsed - steps["headers"]
+    log_steps(log, "plan", {**steps, "total": elapsed})
     # The agreed figure is the minimum over ranks: 0 when any rank falls back.
     falls_back = settings.enabled and plan.agreed_reclaimed_bytes == 0
     code = EXIT_FALLS_BACK if falls_back else EXIT_INSTALLS
@@ -678,6 +715,10 @@ def _check(args: argparse.Namespace) -> int:
             f"--races runs b12x's races on a CUDA device (--device {args.device} given); "
             "fix: drop --device, or name cuda:N"
         )
+    if args.races and (missing := missing_driver()) is not None:
+        raise L2EvictError(_NO_RACES.format(f" ({missing})"))
+    if args.device is not None:
+        _refuse_cuda_without_driver(args.device)
     from ._check import run_check
 
     if args.device is not None:
@@ -689,10 +730,7 @@ def _check(args: argparse.Namespace) -> int:
         if torch.cuda.is_available():
             args.device, reason = "cuda:0", "default: CUDA is available here"
         elif args.races:
-            raise L2EvictError(
-                "--races runs b12x's races on a CUDA device, and there is none here; "
-                "fix: run it on the GPU machine, or drop --races"
-            )
+            raise L2EvictError(_NO_RACES.format(""))
         else:
             args.device = "cpu"
             reason = f"default: no CUDA device here, so profile {args.profile} stands in"
@@ -796,6 +834,31 @@ def refuse_non_safetensors(paths: Sequence[Path]) -> None:
 _TEXT_BYTES = frozenset(range(0x20, 0x7F)) | frozenset(b"\t\n\r\f\v")
 
 
+def _route_log(level: int) -> Callable[[], None]:
+    """:data:`LOGGER`'s lines at ``level`` and above to stderr; returns the undo.
+
+    Only this package's logger, not the root: a library's own INFO lines (torch's
+    ``FakeTensor cache stats`` at exit) are not the operator's. It does not
+    propagate meanwhile, so a library that configured the root logger cannot
+    print each line twice. The undo leaves the logger as it was, for a program
+    that calls :func:`main` in-process.
+    """
+    logger = logging.getLogger(LOGGER)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    was = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+
+    def unroute() -> None:
+        logger.removeHandler(handler)
+        logger.setLevel(was[0])
+        logger.propagate = was[1]
+
+    return unroute
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
@@ -808,7 +871,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "verbose", False)
         else logging.INFO
     )
-    logging.basicConfig(level=level, format="%(levelname)s %(message)s", stream=sys.stderr)
+    unroute = _route_log(level)
     commands = {
         "startup": _startup,
         "plan": _plan,
@@ -834,3 +897,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     finally:
         signal.signal(signal.SIGTERM, previous)
+        unroute()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple
@@ -14,6 +15,8 @@ from ._headers import TensorHeader
 from ._inputs import DISABLED
 from ._kv import kv_tokens
 from ._plan_decision import Decision, decide
+
+log = logging.getLogger("flare_l2evict.tools.plan")
 
 _ALLOCATION = 512  # torch's CUDA allocator rounds every tensor it loads to this
 
@@ -179,6 +182,18 @@ def plan_rank(
     )
 
 
+def _log_basis(settings: L2EvictSettings, l2_cache_bytes: int, race_jobs: int) -> None:
+    log.debug(
+        "flare_l2evict: plan's basis: stock buffer %s bytes per race job (formula max(2 x L2, "
+        "64 MiB): offline, no seam is measured), window %s bytes (%s), L2 %s bytes, %d race jobs",
+        f"{stock_buffer_bytes(l2_cache_bytes):,}",
+        f"{settings.window_bytes(l2_cache_bytes):,}",
+        settings.window,
+        f"{l2_cache_bytes:,}",
+        race_jobs,
+    )
+
+
 def make_plan(
     shards: Sequence[Shard],
     settings: L2EvictSettings,
@@ -193,8 +208,17 @@ def make_plan(
     """Plan every rank and agree on the minimum, as the plugin does at start-up."""
     planned: dict[int, RankPlan] = {}  # identical shards (an even split) are planned once
     ranks = []
+    debug = log.isEnabledFor(logging.DEBUG)
+    if debug:
+        _log_basis(settings, l2_cache_bytes, race_jobs)
     for rank, shard in enumerate(shards):
         if id(shard) not in planned:
+            if debug:
+                same = sum(other is shard for other in shards) - 1
+                also = (
+                    f" (and {same:,} other rank{'s' * (same > 1)} with its shard)" if same else ""
+                )
+                log.debug("flare_l2evict: plan: rank %d's decision%s", rank, also)
             planned[id(shard)] = plan_rank(
                 rank,
                 shard,
