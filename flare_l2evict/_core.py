@@ -29,7 +29,7 @@ from ._errors import L2EvictError, RuntimeContractError, reason_of
 from ._eviction import WeightEviction
 from ._log import say
 from ._report import ReclaimReport, RegionRead
-from ._request import Placement, Refused, Request
+from ._request import KVSizing, Placement, Refused, Request
 from ._settings import DISABLED
 from ._startup import Busy, Phase, Startup
 from ._weights import WeightChoice, storages_of, weight_choice
@@ -141,11 +141,40 @@ def _run(startup: Startup, request: Request | Refused, clock: Clock) -> ReclaimR
             agreed.fallback_ranks,
             f"{request.wording.ends} ran during the hook, or restore() did",
         )
-    report = _report_of(request.placement, mine, agreed, kept, clock.total())
+    report = _report_of(request.placement, mine, agreed, kept, clock.total(), request.kv_sizing)
     disabled = request.settings is not None and not request.settings.enabled
     if not kept or isinstance(request, Refused):
         return fall_back(report, raising=request.raising, disabled=disabled, cause=mine.error)
+    if request.kv_sizing == "measured":
+        return _kept_for_measurement(startup, request, report)
     return _offer(startup, request, report)
+
+
+def _kept_for_measurement(
+    startup: Startup, request: Request, report: ReclaimReport
+) -> ReclaimReport:
+    """A host that sizes its KV cache from measured memory: the eviction stays installed and
+    nothing is credited, since its measurement already sees the bytes the races keep free."""
+    unallocated = report.reclaimed_bytes
+    measured = report.model_copy(
+        update={
+            "reclaimed_bytes": 0,
+            "unallocated_bytes": unallocated,
+            "reason": (
+                f"credited nothing: the host sizes its KV cache by measurement (runtime.kv_sizing "
+                f"= 'measured'), which already sees the {unallocated:,} bytes the races no longer "
+                "allocate; crediting them too would count them twice"
+            ),
+        }
+    )
+    if not startup.keep():  # the start-up ended, or restore() ran, since the agreement
+        reason = f"{request.wording.ends} ran during {request.wording.began}, or restore() did"
+        zero = report.model_copy(
+            update={"reclaimed_bytes": 0, "mechanism": "none", "reason": reason}
+        )
+        return fall_back(zero, raising=request.raising)
+    say(log, logging.INFO, "flare_l2evict: %s", measured.summary())
+    return measured
 
 
 def _prepare(startup: Startup, request: Request, clock: Clock) -> RankCredit:
@@ -244,6 +273,7 @@ def _report_of(
     agreed: Agreement,
     kept: bool,
     seconds: dict[str, float],
+    kv_sizing: KVSizing,
 ) -> ReclaimReport:
     basis, eviction = mine.basis, mine.eviction
     figures: dict[str, Any] = {} if basis is None else {
@@ -268,6 +298,7 @@ def _report_of(
         local_reclaimed_bytes=mine.credit.nbytes,
         mechanism=mine.mechanism if source else "none",
         reason=agreed.reason or (None if credited else mine.credit.reason),
+        kv_sizing=kv_sizing,
         fallback_ranks=agreed.fallback_ranks,
         seconds={name: round(value, 6) for name, value in seconds.items()},
         **figures,

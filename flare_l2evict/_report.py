@@ -109,6 +109,16 @@ class ReclaimReport(BaseModel):
     seconds: dict[str, float] = Field(
         default_factory=dict, description="Wall time of each step of the hook, and the total."
     )
+    kv_sizing: Literal["reserved", "measured"] = Field(
+        default="reserved",
+        description="How the host sizes its KV cache (runtime.kv_sizing): 'reserved' takes the "
+        "credit; 'measured' is credited nothing, its measurement sees the bytes itself.",
+    )
+    unallocated_bytes: NonNegativeInt = Field(
+        default=0,
+        description="For a 'measured' host: the eviction storage the races no longer allocate "
+        "(agreed across ranks), which its measurement of free memory already holds.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ReclaimReport:
@@ -122,6 +132,13 @@ class ReclaimReport(BaseModel):
 
     def summary(self) -> str:
         """One line for the start-up log."""
+        if self.unallocated_bytes:
+            return (
+                f"installed on {self.device} (rank {self.rank}) via {self.mechanism}: races read "
+                f"{self.source_tensor!r:.200} ({self.window_bytes:,}-byte window, "
+                f"{self.read_kernel} read) instead of {self.race_jobs} x "
+                f"{self.stock_buffer_bytes:,}-byte buffers; {self.reason}"
+            )
         if self.reclaimed_bytes == 0:
             return f"reclaimed 0 bytes on {self.device} (rank {self.rank}): {self.reason}"
         line = (

@@ -1,4 +1,4 @@
-"""One start-up of the plugin in this process: its phase, its lock, its undo, its offer.
+r"""One start-up of the plugin in this process: its phase, its lock, its undo, its offer.
 
 :class:`Startup` holds every piece of state the plugin keeps between calls, as
 pluggy's ``PluginManager`` does for a manager: the process's one start-up slot
@@ -12,12 +12,14 @@ report) are passive: none imports this module or calls back into it.
 Phases, and the method that makes each transition::
 
     begin()  ->  BEGUN --install()--> INSTALLED --offer()--> OFFERING --offered()--> CREDITED
-                   |                     |                      |                        |
-                   |   settle()/restore()|                      end()                    restore()
+                   |                     |  \                   |                        |
+                   |   settle()/restore()|   keep() -> KEPT     end()                    restore()
                    v                     v                      v                        v
                  ENDED <----end()---- FELL_BACK             ENDING --offered()-->  CUT_SHORT
                    ^                                            |
                    +---------------------- end() ---------------+ (and from every other phase)
+
+    KEPT: a host that sizes its KV cache by measurement; nothing is offered or credited.
 
 Invariants the KV allocator relies on:
 
@@ -67,6 +69,7 @@ class Phase(enum.Enum):
     INSTALLED = "installed"  # races read the weights; nothing offered yet
     OFFERING = "offering"  # the credit is recorded; add_reclaimed runs (it may apply it)
     CREDITED = "credited"  # the offer is over: kept until the start-up ends
+    KEPT = "kept"  # installed for a host that sizes its KV cache by measurement: no credit
     ENDING = "ending"  # startup_complete came during the offer: restored once it returns
     CUT_SHORT = "cut short"  # restore() while the credit stood: later races make stock buffers
     FELL_BACK = "fell back"  # stock b12x is back; nothing credited
@@ -78,6 +81,7 @@ _AFTER_RESTORE = {
     Phase.INSTALLED: Phase.FELL_BACK,
     Phase.OFFERING: Phase.CUT_SHORT,
     Phase.CREDITED: Phase.CUT_SHORT,
+    Phase.KEPT: Phase.FELL_BACK,
 }
 _STANDS = frozenset({Phase.OFFERING, Phase.CREDITED, Phase.ENDING, Phase.CUT_SHORT})
 """Phases in which the allocator may hold the credit."""
@@ -232,6 +236,13 @@ class Startup:
         """The credit is 0 (``reason``), decided after the install; nothing else changes."""
         with self._lock:
             self.credit = Credit(0, reason)
+
+    def keep(self) -> bool:
+        """INSTALLED -> KEPT: the races read the weights until the end and nothing is credited
+        (a host that sizes its KV cache by measurement); ``False`` if a restore or end came
+        first."""
+        with self._lock:
+            return self._move(Phase.INSTALLED, Phase.KEPT)
 
     def agreement_round(self) -> int:
         """This start-up's number in the tensor-parallel agreement: every rank's n-th is alike."""
@@ -420,7 +431,7 @@ class Startup:
             return StartupAudit(mechanism="none")
         stands = self.phase in _STANDS
         key, credited = str(eviction.device), self.offered_bytes if stands else 0
-        jobs = seam.basis.race_jobs if stands else 0
+        jobs = seam.basis.race_jobs if stands or self.phase is Phase.KEPT else 0
         made, fell_back = seam.stock_bytes(key), eviction.fell_back_reason
         if self.phase is Phase.CUT_SHORT and credited:  # races after it made unseen buffers
             made = credited

@@ -37,7 +37,7 @@ from support.hosts import CREDIT, JOBS, L2, complete, hook, runtime, seam_is_our
 from support.startups import end_any, installed
 
 import flare_l2evict
-from flare_l2evict import ReclaimReport, _request
+from flare_l2evict import ReclaimReport, StartupAudit, _request
 from flare_l2evict._startup import Phase, Startup
 from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime
 
@@ -83,7 +83,7 @@ class WatchedTensorStandIn(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         cls.seen.append((getattr(func, "__name__", str(func)), _lock_held_here()))
-        return super().__torch_function__(func, types, args, kwargs or {})
+        return super().__torch_function__(func, types, args, kwargs or {})  # type: ignore[no-untyped-call]
 
 
 class WatchedRuntimeStandIn(ReferenceRuntime):
@@ -161,7 +161,7 @@ def test_startup_complete_inside_the_offer_never_leaves_a_credit_unbacked() -> N
 
 
 def _end_inside_the_offer_at(line: int) -> None:
-    code, fired = Startup.offer.__code__, []
+    code, fired = Startup.offer.__code__, list[StartupAudit]()
 
     def local(frame: types.FrameType, event: str, arg: Any) -> Any:
         if event == "line" and frame.f_lineno == line and not fired:
@@ -279,7 +279,8 @@ def test_a_block_entered_twice_refuses_the_second_entry_and_keeps_the_first(
         assert outer.reclaimed_bytes == CREDIT and seam_is_ours()
         with caplog.at_level(logging.WARNING, logger="flare_l2evict"), block as inner:
             assert inner.reclaimed_bytes == 0
-        assert "already entered" in (inner.reason or "") and "tensors is" not in inner.reason
+        reason = inner.reason or ""
+        assert "already entered" in reason and "tensors is" not in reason
         assert len([r for r in caplog.records if r.name == "flare_l2evict"]) == 1
         assert seam_is_ours()  # the inner exit ended nothing of the outer block
         active = installed()
