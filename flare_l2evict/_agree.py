@@ -123,11 +123,10 @@ def _combine(outcome: RankOutcome, outcomes: list[RankOutcome]) -> Agreement:
         )
         if len(differing) > 1:
             detail += f"; and {len(differing) - 1} more ranks"
-        return Agreement(
-            0,
-            fallback,
-            f"plugin settings differ across ranks ({detail}); fix: give every rank one config",
-        )
+        fix = "give every rank one config"
+        if any(o.settings.get("kv_sizing") != first.settings.get("kv_sizing") for o in differing):
+            fix += " and one runtime.kv_sizing (the ranks size their KV caches alike)"
+        return Agreement(0, fallback, f"plugin settings differ across ranks ({detail}); fix: {fix}")
     agreed = min(o.reclaimed_bytes for o in outcomes)
     reason: str | None = None
     if agreed < outcome.reclaimed_bytes or (agreed == 0 and fallback):

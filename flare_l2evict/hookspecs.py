@@ -11,7 +11,8 @@ Once per GPU process (every rank under tensor parallelism, since
 ``before_first_capture`` runs a collective on ``runtime.process_group``): load
 the checkpoint onto the device; ``before_first_capture(runtime=runtime)``
 before any b12x race job or CUDA graph capture; the races and captures, then
-size the KV cache; ``startup_complete(runtime=runtime)`` (or
+size the KV cache (in one of two styles, ``runtime.kv_sizing``: see
+:class:`FlareRuntime`); ``startup_complete(runtime=runtime)`` (or
 ``runtime=report``, the report the first hook returned) once the last race job
 has closed. The tensors ``resident_tensors()`` returned stay allocated in
 between: the races read them. A change the plugin sees before a read falls
@@ -67,8 +68,12 @@ class KVAllocator(Protocol):
         """Grow the KV budget by exactly ``report.reclaimed_bytes``.
 
         Called at most once per start-up by this plugin, before the host sizes
-        the KV cache. The figure is already agreed across tensor-parallel ranks.
-        It must not call ``before_first_capture`` again (such a call credits 0).
+        the KV cache, and only for a host whose budget reserves race memory
+        (``runtime.kv_sizing`` missing, ``None`` or ``"reserved"``): a host that
+        sizes by measurement is never offered a credit, and may pass
+        ``kv_allocator = None``. The figure is already agreed across
+        tensor-parallel ranks. It must not call ``before_first_capture`` again
+        (such a call credits 0).
         If it raises, the plugin assumes the credit may have been applied: the
         eviction that backs it stays installed until ``startup_complete``. It
         must be a plain function: an ``async def`` one is refused before the
@@ -100,8 +105,32 @@ class FlareRuntime(Protocol):
     ``l2_cache_bytes``
         The device's L2 size in bytes (``1..4 GiB``), or ``None`` to read it
         from the CUDA device.
+    ``kv_sizing``
+        Optional, and so not a member of this protocol (a host that predates it
+        still conforms). How the host sizes its KV cache, which decides whether
+        it takes a credit:
+
+        * ``"reserved"`` (or missing, or ``None``: today's behaviour, the seed's
+          flare): the budget sets race memory aside before the races, from a
+          figure, not a measurement. The races' stock buffers are in that reserve,
+          so the bytes they no longer allocate are invisible to it: the plugin
+          offers them to ``kv_allocator.add_reclaimed``.
+        * ``"measured"``: the KV cache is sized from memory measured after the
+          races or captures (free memory, or the allocator's peak, as SGLang's
+          post-capture sizing and vLLM's profiling do). That measurement already
+          sees the bytes the races did not allocate, so the plugin installs the
+          eviction (kept until ``startup_complete``), offers nothing, and its
+          report says why (``reclaimed_bytes = 0``, ``unallocated_bytes``: what
+          the races no longer allocate) in one INFO line. Such a host must never
+          apply a credit itself, not even the report's ``unallocated_bytes``: it
+          would count the same bytes twice, an over-credit.
+
+        Any other value is a contract error (one line naming ``runtime.kv_sizing``,
+        0 bytes, stock b12x). Under tensor parallelism every rank must say the same:
+        ranks that differ credit 0 on every rank.
     ``kv_allocator``
-        See :class:`KVAllocator`.
+        See :class:`KVAllocator`; ``None`` (or missing) is accepted when
+        ``kv_sizing`` is ``"measured"``, since nothing is offered.
     ``resident_tensors()``
         The checkpoint tensors as loaded, by name (called once): the model's
         own tensors or views of them, not copies (a storage nothing but the
@@ -118,7 +147,7 @@ class FlareRuntime(Protocol):
     config: Mapping[str, Any]
     race_jobs: int
     l2_cache_bytes: int | None
-    kv_allocator: KVAllocator
+    kv_allocator: KVAllocator | None
 
     def resident_tensors(self) -> Mapping[str, torch.Tensor]: ...
 
@@ -132,10 +161,11 @@ class FlareStartupSpec:
 
         Called once per start-up, on every rank. A plugin that frees start-up
         memory hands a :class:`ReclaimReport` to
-        ``runtime.kv_allocator.add_reclaimed`` itself and returns the same
-        report for the host's log. The host must not credit returned reports a
-        second time. A second call before ``startup_complete`` (re-entrant,
-        from another thread, or repeated) credits 0 and changes nothing.
+        ``runtime.kv_allocator.add_reclaimed`` itself (not for a host whose
+        ``runtime.kv_sizing`` is ``"measured"``) and returns the same report for
+        the host's log. The host must not credit returned reports a second
+        time. A second call before ``startup_complete`` (re-entrant, from
+        another thread, or repeated) credits 0 and changes nothing.
         """
 
     @hookspec

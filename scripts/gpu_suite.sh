@@ -55,7 +55,8 @@ PY
 
 python3 -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py tests/test_gpu_host.py \
     tests/test_cute_guard.py tests/test_readme.py tests/test_tp_nccl.py tests/test_gpu_freed.py \
-    tests/test_check.py tests/test_bench_report.py tests/test_gpu_evicting.py 2>&1 | tee "$OUT/gpu-tests.log"
+    tests/test_check.py tests/test_bench_report.py tests/test_gpu_evicting.py tests/test_kv_sizing.py \
+    2>&1 | tee "$OUT/gpu-tests.log"
 tests=${PIPESTATUS[0]}
 python3 -m flare_l2evict startup --device cuda:0 --plugin l2evict --profile h200 2>&1 | tee "$OUT/startup.log"
 startup=${PIPESTATUS[0]}
@@ -72,11 +73,13 @@ fi
 
 echo
 echo "== GPU suite: $(head -1 "$OUT/gpu.txt")"
-grep -E "^(probe after|eviction storage|race peak|stock |read kernel|kernel=)" "$OUT/gpu-tests.log" || true
+grep -E "^(probe after|eviction storage|race peak|stock |read kernel|kernel=|kv sizing)" \
+    "$OUT/gpu-tests.log" || true
 grep -oE "guard: .*" "$OUT/gpu-tests.log" || true
 grep -A 3 "over NCCL" "$OUT/gpu-tests.log" || true
 tail -1 "$OUT/gpu-tests.log"
-grep -E "^(L2 eviction storage|KV tokens|Race)|flare_l2evict: (audit|l2evict)" "$OUT/startup.log" || true
+grep -E "^(L2 eviction storage|KV tokens|Race|Free after)|flare_l2evict: (audit|l2evict)" \
+    "$OUT/startup.log" || true
 cat "$OUT/check.log"
 # The bench's table: everything after its "full figures" line.
 if [[ -f "$OUT/bench.log" ]]; then sed -n '/^full figures/,$p' "$OUT/bench.log"; fi

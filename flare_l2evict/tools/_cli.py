@@ -207,6 +207,8 @@ def _profile(args: argparse.Namespace) -> DeviceProfile:
 
 
 _CONFIG_HELP = "deployment config (.toml, .yaml, .json)"
+KV_SIZINGS = ("reserved", "measured")
+"""The host contract's two KV-sizing styles (``runtime.kv_sizing``), the default first."""
 COMMANDS = ("startup", "plan", "check", "example", "schema")
 JSON_COMMANDS = ("startup", "plan", "check")
 """The commands with ``--json``, each of whose JSON Schema ``schema`` prints."""
@@ -264,6 +266,15 @@ def _parser() -> _Parser:
         help="cpu or cuda:N (default: cpu)",
     )
     _add_profile_flags(startup, memory=True, kv=True)
+    startup.add_argument(
+        "--kv-sizing",
+        choices=KV_SIZINGS,
+        default="reserved",
+        metavar="|".join(KV_SIZINGS),
+        help="how the reference host sizes its KV cache: reserved (default; stock's buffers set "
+        "aside before the races, the credit added) or measured (from what the races held, "
+        "measured after them; nothing credited)",
+    )
     startup.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     plan = commands.add_parser(
@@ -429,13 +440,19 @@ def _eviction_cell(result: StartupResult) -> str:
     from .._credit import stock_buffer_bytes
 
     stock = stock_buffer_bytes(result.l2_cache_bytes)
-    if result.reclaimed_bytes and result.eviction_storage_bytes < stock:
+    if _installed(result) and result.eviction_storage_bytes < stock:
         return f"{result.eviction_storage_bytes:,} B (reads weights)"
     if result.eviction_storage_bytes == 0:
         return "0"
     if result.eviction_storage_bytes == result.race_jobs * stock:
         return f"{result.race_jobs} x {_size(stock)}"
     return f"{result.eviction_storage_bytes:,} B"
+
+
+def _installed(result: StartupResult) -> bool:
+    """The races read weights: credited, or kept for a host that sizes by measurement."""
+    kept = result.report.unallocated_bytes if result.report is not None else 0
+    return bool(result.reclaimed_bytes or kept)
 
 
 def _winners(result: StartupResult) -> str:
@@ -456,6 +473,11 @@ def _table(
         ("KV tokens", f"{before.kv_tokens:,}", f"{after.kv_tokens:,}"),
         ("Reclaimed (report)", "-", reclaimed),
     ]
+    if after.kv_sizing == "measured":
+        # Credited nothing: the saving is in the budget, seen by measurement alone. The
+        # report's figure of what the races no longer allocate shows where it came from.
+        unallocated = after.report.unallocated_bytes if after.report is not None else 0
+        rows.append(("Unallocated (report)", "-", f"{unallocated:,} B"))
     if after.eviction_measured:
         rows += [
             (
@@ -464,6 +486,11 @@ def _table(
                 _size(after.race_peak_bytes or 0),
             ),
             ("Race winners", _winners(before), _winners(after)),
+            (
+                "Free after races (measured)",
+                _size(before.free_after_races_bytes or 0),
+                _size(after.free_after_races_bytes or 0),
+            ),
         ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [*map(_wrapped, header.splitlines()), ""]
@@ -514,6 +541,7 @@ def _startup(args: argparse.Namespace) -> int:
         "device": device,
         "profile": profile,
         "kv_bytes_per_token": args.kv_bytes_per_token,
+        "kv_sizing": args.kv_sizing,
     }
     with tempfile.TemporaryDirectory(prefix="flare-l2evict-") as scratch:
         checkpoint = args.checkpoint or [write_example_checkpoint(scratch, stock_window_bytes(l2))]
@@ -521,8 +549,9 @@ def _startup(args: argparse.Namespace) -> int:
         after = ReferenceHost(plugins=args.plugin, **common).start(checkpoint)
     if after.report is not None:
         log_steps(log, "startup's before_first_capture", after.report.seconds)
-    # Fell back: asked for, enabled, and credited nothing (its WARNING line says why).
-    code = EXIT_FALLS_BACK if enabled and after.reclaimed_bytes == 0 else EXIT_INSTALLS
+    # Fell back: asked for, enabled, and never installed (its WARNING line says why). A
+    # measuring host is credited nothing by design: it installed if the races read weights.
+    code = EXIT_FALLS_BACK if enabled and not _installed(after) else EXIT_INSTALLS
     if args.json:
         from ._json_models import dumped
 
@@ -535,6 +564,9 @@ def _startup(args: argparse.Namespace) -> int:
         f"({_size(before.memory_bytes)}, L2 {_size(before.l2_cache_bytes)}, "
         f"{profile.race_jobs} race jobs); {args.kv_bytes_per_token} bytes per KV token"
     )
+    if args.kv_sizing == "measured":
+        held = "race peak" if device.type == "cuda" else "L2 eviction storage"
+        header += f"\nKV cache sized by measurement after the races: memory - loaded - {held}"
     label = " ".join(f"--plugin {name}" for name in args.plugin) or "with no --plugin"
     print(_table(header, before, after, label, disabled=ours and not enabled))
     return code

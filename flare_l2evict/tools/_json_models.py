@@ -68,7 +68,8 @@ class StartupArm(_Output):
     race_jobs: NonNegativeInt = Field(description="b12x race jobs alive at once.")
     loaded_bytes: NonNegativeInt = Field(description="Bytes the checkpoint took on the device.")
     eviction_reserve_bytes: NonNegativeInt = Field(
-        description="What the KV budget sets aside for stock's buffers: race jobs x stock buffer."
+        description="What a reserved KV budget sets aside for stock's buffers before the races: "
+        "race jobs x stock buffer (a measured budget subtracts measured_race_bytes instead)."
     )
     eviction_storage_bytes: NonNegativeInt = Field(
         description="Eviction storage the race jobs allocated (measured on CUDA, counted on a CPU)."
@@ -76,7 +77,18 @@ class StartupArm(_Output):
     eviction_measured: bool = Field(
         description="True: eviction storage read off the CUDA allocator; false: counted."
     )
-    reclaimed_bytes: NonNegativeInt = Field(description="Bytes credited to the KV allocator.")
+    reclaimed_bytes: NonNegativeInt = Field(
+        description="Bytes credited to the KV allocator (0 when kv_sizing is measured)."
+    )
+    kv_sizing: Literal["reserved", "measured"] = Field(
+        description="How the host sized its KV cache (--kv-sizing): reserved, memory - loaded - "
+        "eviction_reserve_bytes + reclaimed_bytes; measured, memory - loaded - "
+        "measured_race_bytes, nothing credited."
+    )
+    measured_race_bytes: NonNegativeInt | None = Field(
+        description="For kv_sizing measured: what the races held, measured after them (the "
+        "race peak on CUDA; on a CPU the eviction storage counted); null for reserved."
+    )
     kv_budget_bytes: NonNegativeInt = Field(description="The KV cache budget.")
     kv_tokens: NonNegativeInt = Field(description="Whole KV tokens the budget holds.")
     job_evictions: list[Literal["weights", "stock", "none"]] = Field(
@@ -88,6 +100,10 @@ class StartupArm(_Output):
     )
     race_peak_bytes: NonNegativeInt | None = Field(
         description="On CUDA, the allocator's peak growth across the real races; null on a CPU."
+    )
+    free_after_races_bytes: NonNegativeInt | None = Field(
+        description="On CUDA, the device's free memory right after the real races, the race "
+        "jobs still alive (torch.cuda.mem_get_info); null on a CPU."
     )
     cute_guard_stand_in: bool = Field(
         description="b12x's no-compilation guard ran with a stand-in for the CuTe DSL's compiler."

@@ -11,7 +11,7 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -69,6 +69,8 @@ def _runtime(
         config = {"plugins": {"l2evict": {"on_error": "raise"}}}
     if scenario == "differs_raise" and rank == world_size - 1:
         config = {"plugins": {"l2evict": {"on_error": "raise", "window": "96MiB"}}}
+    # Every rank sizes its KV cache by measurement, or only the last does (a contract error).
+    measured = scenario == "measured" or (scenario == "measured_one" and rank == world_size - 1)
     runtime = ReferenceRuntime(
         device=torch.device("cpu"),
         config=config,
@@ -79,6 +81,7 @@ def _runtime(
         rank=rank,
         world_size=world_size,
         process_group=dist.group.WORLD,
+        kv_sizing="measured" if measured else "reserved",
     )
     if scenario == "group_mismatch":
         # Every rank claims world_size ranks but passes a group of one (its own).
@@ -110,6 +113,7 @@ def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str
     )
     from flare_l2evict import _agree
     from flare_l2evict.tools.reference_host import plugin_manager
+    from support.hosts import seam_is_ours
 
     pm = plugin_manager(["l2evict"])
     results = {}
@@ -129,6 +133,8 @@ def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str
             results[scenario] = {
                 "report": report.model_dump(mode="json"),
                 "credited": runtime.kv_allocator.reclaimed_bytes,
+                "offers": len(runtime.kv_allocator.reports),
+                "installed": seam_is_ours(),  # races read the weights until startup_complete
             }
         except Exception as error:
             results[scenario] = {"raised": f"{type(error).__name__}: {error}"}
@@ -142,3 +148,17 @@ def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str
     # thread still joinable at exit aborts the child (std::terminate) since the
     # seam proof imports b12x's session module; not root-caused yet.
     os._exit(0)
+
+
+def run_ranks(world_size: int, tmp_path: Path, scenarios: list[str]) -> list[dict[str, Any]]:
+    """Each rank's results of ``scenarios``, run by :func:`worker` in one process per rank."""
+    from torch.multiprocessing.spawn import start_processes
+
+    start_processes(  # type: ignore[no-untyped-call]
+        worker,
+        args=(world_size, str(tmp_path / "store"), str(tmp_path), scenarios),
+        nprocs=world_size,
+        join=True,
+        start_method="spawn",
+    )
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]

@@ -3,7 +3,10 @@
 A test and demo harness, not a server. It loads plugins the way flare does
 (``flare.plugins`` entry points, only those named by ``--plugin``), loads a
 checkpoint, calls the hooks in the documented order, starts b12x race jobs
-through b12x's own seam, and sizes the KV cache.
+through b12x's own seam, and sizes the KV cache in either style of the contract
+(``kv_sizing``): *reserved*, a budget that sets stock's buffers aside before the
+races and grows by the credit, or *measured*, a budget sized from what the races
+were measured to hold, which takes no credit.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ..._credit import EVICTION_OUTPUT_BYTES, stock_buffer_bytes
 from ..._errors import L2EvictError, PluginNotFoundError
 from ..._markers import ENTRY_POINT_GROUP, PROJECT_NAME
 from ..._report import ReclaimReport, StartupAudit
+from ..._request import KVSizing
 from ...hookspecs import FlareStartupSpec
 from .._inputs import refuse_unknown_plugins
 from .._kv import kv_tokens
@@ -33,7 +37,12 @@ log = logging.getLogger("flare_l2evict.tools.reference_host")
 
 
 class ReferenceKVAllocator:
-    """Budget = device memory - loaded - eviction reserve + reclaimed.
+    """Budget = device memory - loaded - what the races hold + reclaimed.
+
+    What the races hold is the eviction reserve for a *reserved* host (stock's
+    buffers, set aside before the races), or what they were measured to hold for a
+    *measured* one, whose ``reclaimed_bytes`` stays 0: the plugin never calls its
+    :meth:`add_reclaimed`, and if it did the budget would show the double count.
 
     Tokens: the whole tokens of the budget without the credit, plus the whole
     tokens of the credit (:func:`~flare_l2evict.tools._kv.kv_tokens` of each),
@@ -77,6 +86,8 @@ class ReferenceRuntime:
     rank: int = 0
     world_size: int = 1
     process_group: Any = None
+    kv_sizing: KVSizing = "reserved"
+    """How this host sizes its KV cache (``runtime.kv_sizing`` of the contract)."""
 
     def resident_tensors(self) -> Mapping[str, torch.Tensor]:
         return self.tensors
@@ -88,8 +99,14 @@ class StartupResult:
 
     ``eviction_measured``: the eviction storage was read off the CUDA allocator
     (else modelled from the profile). On CUDA, ``race_winners`` holds each race
-    job's winning candidate and ``race_peak_bytes`` the allocator's peak growth
-    across the jobs' real b12x races.
+    job's winning candidate, ``race_peak_bytes`` the allocator's peak growth
+    across the jobs' real b12x races and ``free_after_races_bytes`` the device's
+    free memory right after them, the race jobs still alive.
+
+    ``kv_sizing``: how the budget was sized. *reserved*: ``memory - loaded -
+    eviction_reserve_bytes + reclaimed_bytes``; *measured*: ``memory - loaded -
+    measured_race_bytes`` (the race peak on CUDA; on a CPU the eviction storage the
+    host counted), with nothing credited.
     """
 
     plugins: tuple[str, ...]
@@ -112,6 +129,9 @@ class StartupResult:
     race_peak_bytes: int | None = None
     cute_guard_stand_in: bool = False
     audit: StartupAudit | None = None
+    kv_sizing: KVSizing = "reserved"
+    measured_race_bytes: int | None = None
+    free_after_races_bytes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Every figure; tensor names in the report cut as ``plan`` cuts them, and counted."""
@@ -178,8 +198,10 @@ class ReferenceHost:
         rank: int = 0,
         world_size: int = 1,
         process_group: Any = None,
+        kv_sizing: KVSizing = "reserved",
     ) -> None:
         self.plugins = tuple(plugins)
+        self.kv_sizing = kv_sizing
         self.config = dict(config or {})
         self.device = torch.device(device)
         self.profile = profile
@@ -208,6 +230,9 @@ class ReferenceHost:
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(self.device)
+            # What an earlier start-up in this process left cached would lower this one's
+            # free memory: each starts as a fresh process would.
+            torch.cuda.empty_cache()
             before = torch.cuda.memory_allocated(self.device)
         if isinstance(checkpoint, Mapping):
             tensors = {k: v.to(self.device) for k, v in checkpoint.items()}
@@ -232,6 +257,7 @@ class ReferenceHost:
             rank=self.rank,
             world_size=self.world_size,
             process_group=self.process_group,
+            kv_sizing=self.kv_sizing,
         )
         if cuda:
             torch.cuda.synchronize(self.device)
@@ -248,7 +274,11 @@ class ReferenceHost:
             audits = self.pm.hook.startup_complete(runtime=runtime)
         audit = next((a for a in audits if isinstance(a, StartupAudit)), None)
         reserve = self.profile.race_jobs * stock_buffer_bytes(l2)
-        budget = allocator.budget(memory, loaded, reserve)
+        # Reserved: stock's buffers set aside before the races, then the credit added.
+        # Measured: what the races were measured to hold, and no credit (0 unless a plugin
+        # broke the contract, which the budget would then show as a double count).
+        measured = None if self.kv_sizing == "reserved" else jobs.held_bytes
+        held = reserve if measured is None else measured
         return StartupResult(
             plugins=self.plugins,
             device=str(self.device),
@@ -260,14 +290,17 @@ class ReferenceHost:
             eviction_storage_bytes=jobs.storage_bytes,
             eviction_measured=jobs.measured,
             reclaimed_bytes=allocator.reclaimed_bytes,
-            kv_budget_bytes=budget,
-            kv_tokens=allocator.tokens(memory, loaded, reserve),
+            kv_budget_bytes=allocator.budget(memory, loaded, held),
+            kv_tokens=allocator.tokens(memory, loaded, held),
             report=report,
             job_evictions=jobs.evictions,
             race_winners=jobs.winners,
             race_peak_bytes=jobs.peak_bytes,
             cute_guard_stand_in=jobs.cute_guard_stand_in,
             audit=audit,
+            kv_sizing=self.kv_sizing,
+            measured_race_bytes=measured,
+            free_after_races_bytes=jobs.free_bytes,
         )
 
     def _start_race_jobs(self, l2: int, hook_bytes: int) -> _RaceJobs:
@@ -323,9 +356,10 @@ class ReferenceHost:
             winners = tuple(run_race(calls, self.device, e).winner for e in evictions)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base + hook_bytes
+        free = int(torch.cuda.mem_get_info(self.device)[0])  # the jobs still hold their evictions
         names = tuple(map(_kind, evictions))
         evictions.clear()
-        return _RaceJobs(storage, True, names, winners, peak, stand_in)
+        return _RaceJobs(storage, True, names, winners, peak, stand_in, free)
 
 
 def _load_files(paths: list[Path], device: torch.device) -> dict[str, torch.Tensor]:
@@ -359,6 +393,13 @@ class _RaceJobs:
     winners: tuple[int, ...] = ()
     peak_bytes: int | None = None
     cute_guard_stand_in: bool = False
+    free_bytes: int | None = None
+
+    @property
+    def held_bytes(self) -> int:
+        """What the races held, as a measuring host sees it: the allocator's peak on CUDA;
+        on a CPU the storage counted (stock's buffers made, the plugin's outputs)."""
+        return self.storage_bytes if self.peak_bytes is None else self.peak_bytes
 
 
 def _reads_weights(eviction: object) -> bool:
