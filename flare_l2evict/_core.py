@@ -1,4 +1,4 @@
-"""Run one start-up, from a checked request to the report, and end it: the core both adapters call.
+"""Run one start-up, from a checked request to the report: the core both adapters call.
 
 :func:`start` takes a :class:`~._request.Request` (or the :class:`Refused` one a
 caller's bad input makes, which still takes its turn in the tensor-parallel
@@ -100,12 +100,12 @@ def fall_back(
     cause: BaseException | None = None,
 ) -> ReclaimReport:
     """What a start-up that credits 0 becomes: the report and one log line, or, under
-    ``on_error = "raise"``, that line raised. ``enabled = false`` is the operator's
+    ``on_error = "raise"``, that line raised (and not logged as well). ``enabled = false`` is the operator's
     choice, not a fault: its line is INFO and it never raises."""
+    if raising and not disabled:  # the raise is the one line: the host logs or prints it
+        raise L2EvictError(f"l2evict failed and on_error = 'raise': {report.reason}") from cause
     level = logging.INFO if disabled else logging.WARNING
     say(log, level, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
-    if raising and not disabled:
-        raise L2EvictError(f"l2evict failed and on_error = 'raise': {report.reason}") from cause
     return report
 
 
