@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -184,6 +185,23 @@ def test_a_utf16_config_is_named_as_utf16(tmp_path: Path) -> None:
     path.write_bytes('[plugins.l2evict]\nwindow = "256MiB"\n'.encode("utf-16"))
     with pytest.raises(
         ConfigError, match=r"UTF-16 .*byte-order mark\); fix: save the config as UTF-8"
+    ):
+        load_deployment_config(path)
+
+
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        lambda text: text.encode("utf-32"),  # little-endian, its mark first
+        lambda text: b"\x00\x00\xfe\xff" + text.encode("utf-32-be"),
+    ],
+    ids=["le", "be"],
+)
+def test_a_utf32_config_is_named_as_utf32(tmp_path: Path, encoded: Callable[[str], bytes]) -> None:
+    path = tmp_path / "deploy.toml"
+    path.write_bytes(encoded('[plugins.l2evict]\nwindow = "256MiB"\n'))
+    with pytest.raises(
+        ConfigError, match=r": UTF-32 text \(it starts with a UTF-32 byte-order mark\); fix: save"
     ):
         load_deployment_config(path)
 
