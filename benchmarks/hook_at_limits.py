@@ -5,7 +5,11 @@ that many distinct tiny storages (one tensor each, names sorted opposite to
 their addresses) that together cannot cover the window, so the shortfall walks
 every one; then the same with :data:`~flare_l2evict._settings.MAX_EXCLUDE_PATTERNS`
 globs, plain and with the most ``*`` a glob may hold; and as many views of one
-storage. Each case in a fresh process. Prints figures; asserts nothing about time.
+storage. Then the globs at their limits built to make fnmatch backtrack (each one's
+first part between two ``*`` matches all but its last character at every position),
+over the most names the hook takes (64 characters each) and over 2,000 names of 8,000
+characters (the same 16 MiB of names, in the longest names). Each case in a fresh
+process. Prints figures; asserts nothing about time.
 
     python benchmarks/hook_at_limits.py [N]
 """
@@ -19,12 +23,19 @@ import sys
 CASE = """
 import sys, time, gc
 import torch
-from flare_l2evict._settings import MAX_EXCLUDE_PATTERNS, MAX_PATTERN_STARS
+from flare_l2evict._settings import MAX_EXCLUDE_PATTERNS, MAX_PATTERN_CHARS, MAX_PATTERN_STARS
 from flare_l2evict.tools.reference_host import ReferenceRuntime, plugin_manager
 from flare_l2evict.tools.reference_host._host import ReferenceKVAllocator
 
 n, kind = int(sys.argv[1]), sys.argv[2]
 names = [f"model.layers.{i}.mlp.experts.w13_weight_{n - i:08d}" for i in range(n)]
+if kind == "backtrack":
+    names = ["a" * 56 + f"{i:08d}" for i in range(n)]
+elif kind == "long":
+    names = ["a" * 7_990 + f"{i:010d}" for i in range(2_000)]
+# The first part between two '*': all 'a' but its last character, as long as it can be.
+fill = {"backtrack": 30, "long": MAX_PATTERN_CHARS - MAX_PATTERN_STARS - 3}.get(kind, 0)
+backtracking = ["*" + "a" * fill + c + "*a*a*" for c in "bcdefghi"[:MAX_EXCLUDE_PATTERNS]]
 if kind == "views":
     base = torch.zeros(n)
     tensors = {name: base[i : i + 1] for i, name in enumerate(names)}
@@ -35,6 +46,8 @@ globs = {
     "views": [],
     "globs": [f"model.layers.*.mlp.zz{i}.*" for i in range(MAX_EXCLUDE_PATTERNS)],
     "stars": ["*x" * (MAX_PATTERN_STARS - 1) + "*"] * MAX_EXCLUDE_PATTERNS,
+    "backtrack": backtracking,
+    "long": backtracking,
 }[kind]
 config = {"plugins": {"l2evict": {"exclude": globs}}}
 runtime = ReferenceRuntime(
@@ -59,6 +72,8 @@ def main() -> None:
         ("globs", "distinct tiny storages, the most exclude globs"),
         ("stars", "distinct tiny storages, the most globs of the most '*'"),
         ("views", "views of one storage"),
+        ("backtrack", "the most globs built to backtrack, 64-character names"),
+        ("long", "the same globs, 2,000 names of 8,000 characters"),
     ):
         ran = subprocess.run(
             [sys.executable, "-c", CASE, str(n), kind], capture_output=True, text=True

@@ -6,16 +6,15 @@ so a window of N bytes always displaces N distinct bytes of L2.
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, groupby, islice
+from itertools import groupby, islice
 from typing import Protocol, TypeVar
 
 from ._credit import WORD
+from ._globs import matching
 from ._report import HOST, Words
 from ._text import shown
 
@@ -240,14 +239,18 @@ def choose_regions(
     if window_bytes <= 0:
         raise ValueError("window_bytes must be positive")
     sizes = storages.sizes
-    excluded = _Ranges(_excluded_ranges(storages, exclude))
+    named = matching(storages.names, exclude) if exclude else []
+    excluded = _Ranges(_excluded_ranges(storages, named))
     window_words = window_bytes // WORD * WORD
     total = sum(sizes) if min(sizes, default=0) >= 0 else sum(s for s in sizes if s > 0)
     # Every byte together too few: no need to try each.
     union = _Gather(storages, excluded, window_bytes).union() if total >= window_words else None
     if union is None or union.readable < window_words:
         return RegionChoice(
-            window_bytes, (), 0, _shortfall(storages, window_bytes, excluded, where, words)
+            window_bytes,
+            (),
+            0,
+            _shortfall(storages, window_bytes, excluded, where, words),
         )
     chosen, pieces = _tails(union.regions(), storages.starts, window_words)
     if pieces <= MAX_PIECES:
@@ -373,12 +376,9 @@ def _tails(
     return chosen, pieces
 
 
-def _excluded_ranges(storages: Storages, exclude: Sequence[str]) -> list[tuple[int, int]]:
-    """The address ranges of the storages a tensor matching an ``exclude`` glob views."""
-    if not exclude:
-        return []
-    pattern = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in exclude))
-    matched = compress(range(len(storages.names)), map(pattern.match, storages.names))
+def _excluded_ranges(storages: Storages, matched: Iterable[int]) -> list[tuple[int, int]]:
+    """The address ranges of the storages that the tensors ``matched`` (by an ``exclude``
+    glob) view."""
     skips = storages.skips
     return [
         (storages.starts[i], storages.starts[i] + storages.sizes[i])

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_v
 
 from ._credit import stock_buffer_bytes
 from ._errors import ConfigError
+from ._globs import wildcard_between_stars
 from ._text import literal, shown
 
 SECTION = ("plugins", "l2evict")
@@ -26,11 +27,12 @@ _SIZE = re.compile(r"([0-9]+)[ \t]*([kmg]i?b|b)?", re.IGNORECASE)
 _SIZE_CHARS = 32  # longer than any size a window takes ("68719476736 b" is 13)
 
 MAX_EXCLUDE_PATTERNS = 8
-"""Globs ``exclude`` may list: each is tried on every resident tensor (8 x 250,000: 5 s on CI)."""
+"""Globs ``exclude`` may list: each reads every resident tensor's name once (``_globs``)."""
 MAX_PATTERN_CHARS = 1000
 """Characters of one ``exclude`` glob: tensor names are far shorter."""
 MAX_PATTERN_STARS = 4
-"""``*`` one glob may hold: each lets a match try every position again (16 cost 35 s)."""
+"""``*`` one glob may hold. A ``?`` or ``[...]`` may stand only before the first or after the
+last: between two, each name would be read again from every position (``_globs``)."""
 
 MAX_SECTION_KEYS = 64
 """Keys the section may hold before it is refused unread: it takes 4, and a host's mapping
@@ -49,7 +51,7 @@ ALLOWED: dict[str, str] = {
     "such as '256MiB' (KB, MB, GB are binary: KiB, MiB, GiB)",
     "exclude": "a list of tensor-name glob patterns, such as ['*.embed_tokens.*'] (at most "
     f"{MAX_EXCLUDE_PATTERNS}, each at most {MAX_PATTERN_CHARS:,} characters and "
-    f"{MAX_PATTERN_STARS} '*')",
+    f"{MAX_PATTERN_STARS} '*'; '?' and '[...]' only before the first '*' or after the last)",
     "on_error": "'fallback' (the default: keep stock b12x and reclaim 0) or 'raise'",
 }
 
@@ -102,6 +104,7 @@ class L2EvictSettings(BaseModel):
             len(items) > MAX_EXCLUDE_PATTERNS
             or not all(isinstance(i, str) and 0 < len(i) <= MAX_PATTERN_CHARS for i in items)
             or any(item.count("*") > MAX_PATTERN_STARS for item in items)
+            or any(map(wildcard_between_stars, items))
         ):
             raise ValueError(f"use {ALLOWED['exclude']}")
         return items
