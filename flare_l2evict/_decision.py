@@ -18,6 +18,7 @@ from ._globs import matching
 from ._report import HOST, Words
 from ._text import shown
 
+_SHARES = "shares a storage with an excluded tensor"
 SKIP_REASONS = (
     "other device",
     "meta",
@@ -26,6 +27,7 @@ SKIP_REASONS = (
     "file-mapped",
     "empty or freed",
     "excluded",
+    _SHARES,
     "misaligned",
 )
 """Why a tensor's storage is not read, in the order the shortfall line names them."""
@@ -250,7 +252,7 @@ def choose_regions(
             window_bytes,
             (),
             0,
-            _shortfall(storages, window_bytes, excluded, where, words),
+            _shortfall(storages, window_bytes, _Excluded(excluded, set(named)), where, words),
         )
     chosen, pieces = _tails(union.regions(), storages.starts, window_words)
     if pieces <= MAX_PIECES:
@@ -387,8 +389,17 @@ def _excluded_ranges(storages: Storages, matched: Iterable[int]) -> list[tuple[i
     ]
 
 
+@dataclass(frozen=True)
+class _Excluded:
+    """The excluded storages' ranges, and the tensors whose own names an ``exclude`` glob
+    matched (the others in those storages are kept out only by sharing one)."""
+
+    ranges: _Ranges
+    named: set[int]
+
+
 def _shortfall(
-    storages: Storages, window_bytes: int, excluded: _Ranges, where: str, words: Words
+    storages: Storages, window_bytes: int, excluded: _Excluded, where: str, words: Words
 ) -> str:
     """The one line saying why the eligible storages cannot cover the window."""
     counts = dict.fromkeys(SKIP_REASONS, 0)
@@ -403,8 +414,10 @@ def _shortfall(
             start = starts[i]
             if start % WORD:
                 reason = "misaligned"
-            elif excluded.touch(start, start + size):
+            elif i in excluded.named:
                 reason = "excluded"
+            elif excluded.ranges.touch(start, start + size):
+                reason = _SHARES
             else:
                 ranges.add((start, start + size))
         if reason is not None:

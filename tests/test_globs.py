@@ -9,7 +9,9 @@ Case -> outcome:
   minutes); a 30 s guard, not a speed test (``benchmarks/hook_at_limits.py`` prints
   the time);
 - ``?`` or ``[...]`` between two ``*`` -> refused in one line; before the first ``*``
-  or after the last -> kept.
+  or after the last -> kept;
+- a kept tensor that shares a storage with an excluded one -> counted apart from the
+  tensors the globs name.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 from support.python_child import run_python
 
 from flare_l2evict import ConfigError
+from flare_l2evict._decision import Storages, choose_regions
 from flare_l2evict._globs import matching, wildcard_between_stars
 from flare_l2evict.tools._inputs import settings_from_config
 
@@ -101,3 +104,13 @@ def test_single_character_wildcards_at_either_end_are_kept(glob: str) -> None:
     assert not wildcard_between_stars(glob)
     exclude = settings_from_config({"plugins": {"l2evict": {"exclude": [glob]}}}).exclude
     assert exclude == (glob,)
+
+
+def test_a_tensor_that_only_shares_an_excluded_storage_is_not_counted_as_excluded() -> None:
+    # One storage of 4,000 bytes viewed by the excluded embedding and by a kept tensor.
+    names = ["model.embed_tokens.weight", "model.layers.0.mlp.w", "model.norm"]
+    choice = choose_regions(Storages(names, [4000, 4000, 64], [0, 0, 8192]), 1 << 20, ["*.embed*"])
+    assert choice.shortfall is not None
+    assert "(tensors skipped: 1 excluded, 1 shares a storage with an excluded tensor)" in (
+        choice.shortfall
+    )
