@@ -93,13 +93,15 @@ class L2EvictSettings(BaseModel):
         if isinstance(value, str) or not isinstance(value, list | tuple):
             raise ValueError(f"use {ALLOWED['exclude']}")
         # The builtin's own length and iteration: a subclass's may lie or never end.
-        kind = list if isinstance(value, list) else tuple
-        if kind.__len__(value) > MAX_EXCLUDE_PATTERNS:
+        size, each = (
+            (list.__len__(value), list.__iter__(value))
+            if isinstance(value, list)
+            else (tuple.__len__(value), tuple.__iter__(value))
+        )
+        if size > MAX_EXCLUDE_PATTERNS:
             raise ValueError(f"use {ALLOWED['exclude']}")
         # Plain text first: a str subclass's len and count could lie about the limits.
-        items = tuple(
-            str.__str__(item) if isinstance(item, str) else item for item in kind.__iter__(value)
-        )
+        items = tuple(str.__str__(item) if isinstance(item, str) else item for item in each)
         if (
             len(items) > MAX_EXCLUDE_PATTERNS
             or not all(isinstance(i, str) and 0 < len(i) <= MAX_PATTERN_CHARS for i in items)
