@@ -3,7 +3,8 @@
 Case -> outcome:
 
 - random globs of ``*``, ``?``, ``[...]``, ``[!...]``, ranges and stray brackets over
-  random names -> the same names as :func:`fnmatch.fnmatchcase`;
+  random names, and parts that repeat their first character over names of up to 600
+  characters -> the same names as :func:`fnmatch.fnmatchcase`;
 - 8 globs of 4 ``*`` at 1,000 characters over 2,000 names of 8,000 characters (the
   hook's 16 MiB of names) -> decided at once (fnmatch's regex retried every position:
   minutes); a 30 s guard, not a speed test (``benchmarks/hook_at_limits.py`` prints
@@ -37,6 +38,19 @@ def test_matching_is_fnmatchcase_on_random_globs_and_names(seed: int) -> None:
     for _ in range(2500):
         glob = "".join(rng.choices(_GLOB_CHARACTERS, k=rng.randint(0, 12)))
         names = ["".join(rng.choices(_NAME_CHARACTERS, k=rng.randint(0, 14))) for _ in range(24)]
+        expected = [i for i, name in enumerate(names) if fnmatch.fnmatchcase(name, glob)]
+        assert matching(names, [glob]) == expected, glob
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_matching_is_fnmatchcase_for_repetitive_parts_in_long_names(seed: int) -> None:
+    # Parts that repeat their first character, over names up to 600 characters long: searched
+    # a bounded depth into each name and the rest in all the names joined.
+    rng = random.Random(seed)
+    for _ in range(150):
+        parts = ["".join(rng.choices("aaaab", k=rng.randint(0, 12))) for _ in range(4)]
+        glob = "*".join(parts)
+        names = ["".join(rng.choices("aaaaaab", k=rng.randint(0, 600))) for _ in range(30)]
         expected = [i for i, name in enumerate(names) if fnmatch.fnmatchcase(name, glob)]
         assert matching(names, [glob]) == expected, glob
 
