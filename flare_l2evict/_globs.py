@@ -199,6 +199,8 @@ class _Part:
         # the rest of the windows still without it, in the joined names.
         near = list(map(min, limits, map(add, starts, repeat(reach))))
         first = list(map(str.find, names, repeat(text), starts, near))
+        if -1 not in first:
+            return first
         further = list(map(and_, map(_MISSING, first), map(lt, near, limits)))
         if not any(further):
             return first
@@ -276,20 +278,18 @@ class _Glob:
             return list(compress(found, map(least.__le__, map(len, names))))
         found, names = list(found), list(names)
         starts = [self.head_width] * len(found)
-        limits = list(map(sub, map(len, names), repeat(width)))
+        limits = list(map(len, names))
+        if width:
+            limits = list(map(sub, limits, repeat(width)))
         for number, middle in enumerate(self.middles, 1):
             # Leftmost, and inside [start, limit): the tail's characters stay the tail's.
             where = middle.where(names, found, starts, limits, joined)
-            last = number == len(self.middles)
+            if number == len(self.middles):
+                return list(compress(found, map(_NOT_FOUND, where)))
             if -1 in where:  # one C-level scan; the passes below only when a name drops out
                 keep = list(map(_NOT_FOUND, where))
-                found = list(compress(found, keep))
-                if last:
-                    break
-                names, limits = list(compress(names, keep)), list(compress(limits, keep))
-                where = list(compress(where, keep))
-            if last:
-                break
+                found, names = _kept(found, names, keep)
+                limits, where = list(compress(limits, keep)), list(compress(where, keep))
             starts = list(map(add, where, repeat(middle.size)))
         return found
 
