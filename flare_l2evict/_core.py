@@ -100,8 +100,8 @@ def fall_back(
     cause: BaseException | None = None,
 ) -> ReclaimReport:
     """What a start-up that credits 0 becomes: the report and one log line, or, under
-    ``on_error = "raise"``, that line raised (and not logged as well). ``enabled = false`` is the operator's
-    choice, not a fault: its line is INFO and it never raises."""
+    ``on_error = "raise"``, that line raised (and not logged as well). ``enabled = false``
+    is the operator's choice, not a fault: its line is INFO and it never raises."""
     if raising and not disabled:  # the raise is the one line: the host logs or prints it
         raise L2EvictError(f"l2evict failed and on_error = 'raise': {report.reason}") from cause
     level = logging.INFO if disabled else logging.WARNING

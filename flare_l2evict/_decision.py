@@ -6,10 +6,8 @@ so a window of N bytes always displaces N distinct bytes of L2.
 
 from __future__ import annotations
 
-import fnmatch
 import heapq
 import logging
-import re
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -19,12 +17,13 @@ from operator import ge, is_
 from typing import Protocol, TypeVar
 
 from ._credit import WORD
+from ._globs import matching
 from ._log import say
 from ._report import HOST, Wording
 from ._text import shown
 
 log = logging.getLogger("flare_l2evict.decision")
-
+_SHARES = "shares a storage with an excluded tensor"
 SKIP_REASONS = (
     "other device",
     "meta",
@@ -33,6 +32,7 @@ SKIP_REASONS = (
     "file-mapped",
     "empty or freed",
     "excluded",
+    _SHARES,
     "misaligned",
 )
 """Why a tensor's storage is not read, in the order the shortfall line names them."""
@@ -246,13 +246,14 @@ def choose_regions(
     if window_bytes <= 0:
         raise ValueError("window_bytes must be positive")
     sizes = storages.sizes
-    excluded = _Ranges(_excluded_ranges(storages, exclude))
+    named = matching(storages.names, exclude) if exclude else []
+    excluded = _Ranges(_excluded_ranges(storages, named))
     window_words = window_bytes // WORD * WORD
     total = sum(sizes) if min(sizes, default=0) >= 0 else sum(s for s in sizes if s > 0)
     # Every byte together too few: no need to try each.
     union = _Gather(storages, excluded, window_bytes).union() if total >= window_words else None
     if union is None or union.readable < window_words:
-        why = _shortfall(storages, window_bytes, excluded, where, words)
+        why = _shortfall(storages, window_bytes, _Excluded(excluded, set(named)), where, words)
         choice = RegionChoice(window_bytes, (), 0, why)
     elif (tails := _tails(union.regions(), storages.starts, window_words))[1] <= MAX_PIECES:
         choice = RegionChoice(
@@ -383,12 +384,9 @@ def _tails(
     return chosen, pieces
 
 
-def _excluded_ranges(storages: Storages, exclude: Sequence[str]) -> list[tuple[int, int]]:
-    """The address ranges of the storages a tensor matching an ``exclude`` glob views."""
-    if not exclude:
-        return []
-    pattern = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in exclude))
-    matched = compress(range(len(storages.names)), map(pattern.match, storages.names))
+def _excluded_ranges(storages: Storages, matched: Iterable[int]) -> list[tuple[int, int]]:
+    """The address ranges of the storages that the tensors ``matched`` (by an ``exclude``
+    glob) view."""
     skips = storages.skips
     return [
         (storages.starts[i], storages.starts[i] + storages.sizes[i])
@@ -397,8 +395,17 @@ def _excluded_ranges(storages: Storages, exclude: Sequence[str]) -> list[tuple[i
     ]
 
 
+@dataclass(frozen=True)
+class _Excluded:
+    """The excluded storages' ranges, and the tensors whose own names an ``exclude`` glob
+    matched (the others in those storages are kept out only by sharing one)."""
+
+    ranges: _Ranges
+    named: set[int]
+
+
 def _shortfall(
-    storages: Storages, window_bytes: int, excluded: _Ranges, where: str, words: Wording
+    storages: Storages, window_bytes: int, excluded: _Excluded, where: str, words: Wording
 ) -> str:
     """The one line saying why the eligible storages cannot cover the window."""
     counts = dict.fromkeys(SKIP_REASONS, 0)
@@ -413,8 +420,10 @@ def _shortfall(
             start = starts[i]
             if start % WORD:
                 reason = "misaligned"
-            elif excluded.touch(start, start + size):
+            elif i in excluded.named:
                 reason = "excluded"
+            elif excluded.ranges.touch(start, start + size):
+                reason = _SHARES
             else:
                 ranges.add((start, start + size))
         if reason is not None:

@@ -249,14 +249,7 @@ class StartupAudit(BaseModel):
                 "(the credit may have been applied; the eviction stayed installed)"
             )
         if self.unused_credit_bytes and not self.peak_alive:
-            # No race ran under the plugin: the audit has nothing to hold race_jobs to, and
-            # 0 race jobs would be no fix (a host that races needs at least one).
-            head += (
-                f"; NO RACE RAN: no eviction was asked between {words.began} and "
-                f"{words.ends}, so no race used the {self.credited_bytes:,} credited bytes "
-                f"and the audit cannot confirm the {self.race_jobs} race jobs credited; "
-                + words.races
-            )
+            head += self._never_read(words)
         elif self.unused_credit_bytes:
             head += (
                 f"; UNUSED CREDIT {self.unused_credit_bytes:,} bytes: {self.race_jobs} race jobs "
@@ -268,3 +261,27 @@ class StartupAudit(BaseModel):
         if self.shortfall_bytes:
             head += f"; SHORTFALL {self.shortfall_bytes:,} bytes of the credit were used"
         return head
+
+    def _never_read(self, words: Wording) -> str:
+        """Why no eviction ever read the weights (peak 0), in words true to the counts: races
+        that all got stock buffers, a fallback before any race, or no race at all."""
+        # The audit has nothing to hold race_jobs to, and 0 race jobs would be no fix (a
+        # host that races needs at least one).
+        unconfirmed = f"the audit cannot confirm the {self.race_jobs} race jobs credited"
+        asked = sum(device.requested for device in self.devices)
+        if asked:
+            return (
+                f"; NO EVICTION READ THE WEIGHTS: the races asked {asked:,} evictions, each "
+                f"served by a stock buffer (counts per device before), so {unconfirmed}"
+            )
+        if self.fallback_reason:
+            # Races after the fallback are stock's own, unseen: SHORTFALL counts them.
+            return (
+                f"; NO RACE RAN BEFORE THE FALLBACK: no eviction was asked between "
+                f"{words.began} and the fallback (FELL BACK), so {unconfirmed}"
+            )
+        return (
+            f"; NO RACE RAN: no eviction was asked between {words.began} and "
+            f"{words.ends}, so no race used the {self.credited_bytes:,} credited bytes "
+            f"and {unconfirmed}; " + words.races
+        )

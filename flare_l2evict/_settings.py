@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from itertools import islice
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_validator
 
 from ._credit import stock_buffer_bytes
 from ._errors import ConfigError
+from ._globs import wildcard_between_stars
 from ._text import literal, shown
 
 SECTION = ("plugins", "l2evict")
@@ -25,11 +27,16 @@ _SIZE = re.compile(r"([0-9]+)[ \t]*([kmg]i?b|b)?", re.IGNORECASE)
 _SIZE_CHARS = 32  # longer than any size a window takes ("68719476736 b" is 13)
 
 MAX_EXCLUDE_PATTERNS = 8
-"""Globs ``exclude`` may list: each is tried on every resident tensor (8 x 250,000: 5 s on CI)."""
+"""Globs ``exclude`` may list: each reads every resident tensor's name once (``_globs``)."""
 MAX_PATTERN_CHARS = 1000
 """Characters of one ``exclude`` glob: tensor names are far shorter."""
 MAX_PATTERN_STARS = 4
-"""``*`` one glob may hold: each lets a match try every position again (16 cost 35 s)."""
+"""``*`` one glob may hold. A ``?`` or ``[...]`` may stand only before the first or after the
+last: between two, each name would be read again from every position (``_globs``)."""
+
+MAX_SECTION_KEYS = 64
+"""Keys the section may hold before it is refused unread: it takes 4, and a host's mapping
+may never end (1,000,000 keys took 8.6 to 36 s and 1.75 GB when all were read)."""
 
 MIN_WINDOW_BYTES = 1 << 20
 """A window below 1 MiB displaces no GPU's L2; it is a typo, not a setting."""
@@ -44,7 +51,7 @@ ALLOWED: dict[str, str] = {
     "such as '256MiB' (KB, MB, GB are binary: KiB, MiB, GiB)",
     "exclude": "a list of tensor-name glob patterns, such as ['*.embed_tokens.*'] (at most "
     f"{MAX_EXCLUDE_PATTERNS}, each at most {MAX_PATTERN_CHARS:,} characters and "
-    f"{MAX_PATTERN_STARS} '*')",
+    f"{MAX_PATTERN_STARS} '*'; '?' and '[...]' only before the first '*' or after the last)",
     "on_error": "'fallback' (the default: keep stock b12x and reclaim 0) or 'raise'",
 }
 
@@ -83,18 +90,23 @@ class L2EvictSettings(BaseModel):
     @field_validator("exclude", mode="before")
     @classmethod
     def _exclude(cls, value: object) -> object:
-        if (
-            isinstance(value, str)
-            or not isinstance(value, list | tuple)
-            or len(value) > MAX_EXCLUDE_PATTERNS
-        ):
+        if isinstance(value, str) or not isinstance(value, list | tuple):
+            raise ValueError(f"use {ALLOWED['exclude']}")
+        # The builtin's own length and iteration: a subclass's may lie or never end.
+        size, each = (
+            (list.__len__(value), list.__iter__(value))
+            if isinstance(value, list)
+            else (tuple.__len__(value), tuple.__iter__(value))
+        )
+        if size > MAX_EXCLUDE_PATTERNS:
             raise ValueError(f"use {ALLOWED['exclude']}")
         # Plain text first: a str subclass's len and count could lie about the limits.
-        items = tuple(str.__str__(item) if isinstance(item, str) else item for item in value)
+        items = tuple(str.__str__(item) if isinstance(item, str) else item for item in each)
         if (
             len(items) > MAX_EXCLUDE_PATTERNS
             or not all(isinstance(i, str) and 0 < len(i) <= MAX_PATTERN_CHARS for i in items)
             or any(item.count("*") > MAX_PATTERN_STARS for item in items)
+            or any(map(wildcard_between_stars, items))
         ):
             raise ValueError(f"use {ALLOWED['exclude']}")
         return items
@@ -139,13 +151,31 @@ def read_section(config: object) -> dict[str, Any]:
             f"[{_SECTION_NAME}] must be a table of keys ({', '.join(ALLOWED)}), "
             f"not {type(section).__name__}"
         )
-    return dict(section)
+    return _bounded_copy(section)
+
+
+def _bounded_copy(section: Mapping[Any, Any]) -> dict[Any, Any]:
+    """The section's keys and values, read only up to :data:`MAX_SECTION_KEYS` keys.
+
+    The mappings on the way here are only asked for one key each (``get``), never iterated.
+    """
+    # One key past the cap tells "too many" without counting: len() may lie, and
+    # iteration may never end.
+    keys = list(islice(iter(section), MAX_SECTION_KEYS + 1))
+    if len(keys) > MAX_SECTION_KEYS:
+        raise ConfigError(
+            f"[{_SECTION_NAME}] holds more than {MAX_SECTION_KEYS} keys (read no further); "
+            f"it takes at most {len(ALLOWED)}: {', '.join(ALLOWED)}; fix: keep only those "
+            f"keys in the deployment config's [{_SECTION_NAME}]"
+        )
+    return {key: section[key] for key in keys}
 
 
 def settings_from_section(section: Mapping[str, Any]) -> L2EvictSettings:
     """The validated section (:func:`read_section`); :class:`ConfigError` naming each bad key."""
+    section = _bounded_copy(section)
     try:
-        return L2EvictSettings.model_validate(dict(section))
+        return L2EvictSettings.model_validate(section)
     except ValidationError as error:
         raise ConfigError(_one_line(error, section)) from None
 

@@ -162,10 +162,17 @@ def _wheel(name: str, version: str, cache: Path, log: Callable[[str], None] = _p
     else:
         log(f"  downloading {name}=={version} (no dependencies) into {cache} ...")
         began = time.perf_counter()
-        subprocess.run(
+        run = subprocess.run(
             [*_PIP_DOWNLOAD, "-d", str(cache), f"{name}=={version}"],
-            check=True,
+            capture_output=True,
+            text=True,
+            check=False,
         )
+        if run.returncode != 0:
+            raise TableError(
+                f"pip download {name}=={version} failed: {_pip_error(run.stderr)}; fix: check "
+                f"that the registry lists it (pip index versions --pre {name}) and can be reached"
+            )
         found = sorted(cache.glob(f"{stem}-{version}-*.whl"))
         if not found:
             raise TableError(
@@ -177,6 +184,14 @@ def _wheel(name: str, version: str, cache: Path, log: Callable[[str], None] = _p
             f"{time.perf_counter() - began:.1f} s"
         )
     return found[0]
+
+
+def _pip_error(stderr: str) -> str:
+    """pip's first ``ERROR:`` line (its cause), on one bounded line; else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line.removeprefix("ERROR:").strip() for line in lines if line.startswith("ERROR:")]
+    said = (errors or lines[-1:] or ["no message"])[0]
+    return said if len(said) <= 300 else said[:297] + "..."
 
 
 def verdict(

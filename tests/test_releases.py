@@ -119,3 +119,23 @@ def test_judging_a_release_writes_its_row_and_the_readme(
         releases.main(["--discover", *common], list_versions=lambda n: registry[n].split(", ")) == 0
     )
     capsys.readouterr()
+
+
+def test_judging_a_release_the_registry_lacks_is_one_line_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pip itself, offline: with no index (PIP_NO_INDEX=1) no release is on the registry."""
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    table, readme = tmp_path / "table.json", tmp_path / "b12x.md"
+    table.write_text(json.dumps(releases.read_table()))
+    readme.write_text((ROOT / "docs" / "b12x.md").read_text())
+    release = "flashinfer-python==0.0.0.dev999999"
+    argv = ["--judge", release, "--write", "--cache", str(tmp_path / "wheels")]
+    assert releases.main([*argv, "--table", str(table), "--readme-path", str(readme)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    (line,) = errors
+    assert line.startswith(f"error: scripts/b12x_releases.py: pip download {release} failed: ")
+    assert "from versions: none" in line and "; fix: " in line, line
+    assert releases.read_table(table) == releases.read_table()  # nothing written

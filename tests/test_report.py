@@ -54,3 +54,60 @@ def test_summary_is_one_grep_able_line() -> None:
     line = full().summary()
     assert "\n" not in line
     assert "reclaimed 1,342,177,280 bytes on cuda:0" in line
+
+
+_RESTORED_BEFORE_THE_END = """
+import torch
+import flare_l2evict
+from flare_l2evict.tools.reference_host import (
+    ReferenceKVAllocator,
+    ReferenceRuntime,
+    plugin_manager,
+)
+
+MiB = 1 << 20
+runtime = ReferenceRuntime(
+    torch.device("cpu"),
+    {"plugins": {"l2evict": {"window": "1MiB"}}},
+    ReferenceKVAllocator(1024),
+    2,
+    32 * MiB,
+    {"w": torch.ones(MiB)},
+)
+pm = plugin_manager(["l2evict"])
+(report,) = pm.hook.before_first_capture(runtime=runtime)
+assert report.reclaimed_bytes
+flare_l2evict.restore()  # before startup_complete: any race after it is unseen, and stock
+(audit,) = pm.hook.startup_complete(runtime=runtime)
+print(audit.summary())
+"""
+
+
+def test_an_audit_never_says_no_race_ran_and_that_races_used_the_credit() -> None:
+    from support.python_child import run_python
+
+    line = run_python(_RESTORED_BEFORE_THE_END).strip()
+    assert "FELL BACK" in line and "SHORTFALL" in line, line
+    assert "no race used the" not in line and "NO RACE RAN:" not in line, line
+    assert "NO RACE RAN BEFORE THE FALLBACK: no eviction was asked between " in line, line
+
+
+def test_an_audit_whose_races_all_got_stock_buffers_says_so() -> None:
+    from flare_l2evict._report import DeviceAudit, StartupAudit
+
+    audit = StartupAudit(
+        mechanism="stock-seam",
+        device="cuda:0",
+        credited_bytes=5 << 28,
+        race_jobs=5,
+        peak_alive=0,
+        unused_credit_bytes=5 << 28,
+        devices=(
+            DeviceAudit(
+                device="cuda:1", requested=3, served_by_weights=0, stock_buffers=3, stock_bytes=3
+            ),
+        ),
+    )
+    line = audit.summary()
+    assert "NO RACE RAN" not in line and "no race used" not in line, line
+    assert "NO EVICTION READ THE WEIGHTS: the races asked 3 evictions, each " in line, line

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -184,6 +185,23 @@ def test_a_utf16_config_is_named_as_utf16(tmp_path: Path) -> None:
     path.write_bytes('[plugins.l2evict]\nwindow = "256MiB"\n'.encode("utf-16"))
     with pytest.raises(
         ConfigError, match=r"UTF-16 .*byte-order mark\); fix: save the config as UTF-8"
+    ):
+        load_deployment_config(path)
+
+
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        lambda text: text.encode("utf-32"),  # little-endian, its mark first
+        lambda text: b"\x00\x00\xfe\xff" + text.encode("utf-32-be"),
+    ],
+    ids=["le", "be"],
+)
+def test_a_utf32_config_is_named_as_utf32(tmp_path: Path, encoded: Callable[[str], bytes]) -> None:
+    path = tmp_path / "deploy.toml"
+    path.write_bytes(encoded('[plugins.l2evict]\nwindow = "256MiB"\n'))
+    with pytest.raises(
+        ConfigError, match=r": UTF-32 text \(it starts with a UTF-32 byte-order mark\); fix: save"
     ):
         load_deployment_config(path)
 
@@ -363,3 +381,63 @@ def test_a_checkpoint_passed_as_config_is_refused_before_decoding(tmp_path: Path
 def test_a_config_path_that_is_no_path_is_one_line(path: object) -> None:
     with pytest.raises(ConfigError, match="not text or a path; fix: pass the deployment config"):
         load_deployment_config(path)  # type: ignore[arg-type]
+
+
+# A host's section may be any Mapping: its keys are read only up to the cap, never counted
+# with len() (which may lie) and never all iterated (which may never end).
+_HOSTILE_SECTIONS = """
+from collections.abc import Mapping
+from itertools import count
+from flare_l2evict._errors import ConfigError
+from flare_l2evict.tools._inputs import settings_from_config
+
+class EndlessSectionStandIn(Mapping):
+    def __iter__(self):
+        return (f"key{i}" for i in count())
+    def __len__(self):
+        return 2  # a lie
+    def __getitem__(self, key):
+        return 1
+
+class EndlessListStandIn(list):
+    def __iter__(self):
+        return (f"layer{i}.*" for i in count())
+    def __len__(self):
+        return 1  # a lie
+
+for config in (
+    {"plugins": {"l2evict": EndlessSectionStandIn()}},
+    {"plugins": {"l2evict": {f"key{i}": 1 for i in range(1_000_000)}}},
+    {"plugins": {"l2evict": {"exclude": EndlessListStandIn(["a.*"] * 20)}}},
+):
+    try:
+        settings_from_config(config)
+        print("accepted")
+    except ConfigError as error:
+        print(error)
+"""
+
+
+def test_a_section_of_endless_or_a_million_keys_is_refused_naming_the_cap() -> None:
+    from flare_l2evict._settings import MAX_SECTION_KEYS
+
+    endless, million, endless_list = run_python(_HOSTILE_SECTIONS, timeout=60).splitlines()
+    for line in (endless, million):
+        assert line.startswith(f"[plugins.l2evict] holds more than {MAX_SECTION_KEYS} keys"), line
+        assert "enabled, window, exclude, on_error" in line and "; fix: " in line, line
+    assert f"at most {MAX_EXCLUDE_PATTERNS}" in endless_list, endless_list
+
+
+def test_mappings_on_the_path_to_the_section_are_not_iterated() -> None:
+    out = run_python(
+        _HOSTILE_SECTIONS.split("for config in")[0]
+        + "class EndlessPluginsStandIn(EndlessSectionStandIn):\n"
+        "    def __getitem__(self, key):\n"
+        "        if key != 'l2evict':\n"
+        "            raise KeyError(key)\n"
+        "        return {'window': '256MiB'}\n"
+        "print(settings_from_config({'plugins': EndlessPluginsStandIn()}).window)\n"
+        "print(settings_from_config(EndlessPluginsStandIn()).window)\n",
+        timeout=60,
+    )
+    assert out.split() == [str(256 * MiB), "stock"], out

@@ -107,11 +107,16 @@ def _read_config_text(path: Path, where: str) -> str:
         raise ConfigError(
             f"{where}: over {MAX_CONFIG_BYTES:,} bytes; fix: pass the deployment config"
         )
-    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise ConfigError(
-            f"{where}: UTF-16 text (it starts with a UTF-16 byte-order mark); fix: save the "
-            "config as UTF-8"
-        )
+    # UTF-32's little-endian mark begins with UTF-16's: the longer mark is asked first.
+    for encoding, marks in (
+        ("UTF-32", (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")),
+        ("UTF-16", (b"\xff\xfe", b"\xfe\xff")),
+    ):
+        if raw.startswith(marks):
+            raise ConfigError(
+                f"{where}: {encoding} text (it starts with a {encoding} byte-order mark); fix: "
+                "save the config as UTF-8"
+            )
     try:
         # "utf-8-sig": a UTF-8 byte-order mark (Windows editors write one) is dropped, not
         # refused; TOML and JSON parsers would otherwise report it as a bad character.
