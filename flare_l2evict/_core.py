@@ -217,7 +217,8 @@ def _prepare(startup: Startup, request: Request, clock: Clock) -> RankCredit:
         kept = eviction if mine.nbytes else None
         return RankCredit(mine, basis, None, kept, sources, seam.mechanism)
     except Exception as caught:
-        return RankCredit(Credit(0, reason_of(caught)), basis, caught)
+        # Its traceback holds this frame, and through it the weights: not kept past here.
+        return RankCredit(Credit(0, reason_of(caught)), basis, caught.with_traceback(None))
 
 
 def _chosen(request: Request, window_bytes: int) -> WeightChoice | str:
@@ -339,13 +340,16 @@ def _offer(startup: Startup, request: Request, report: ReclaimReport) -> Reclaim
 
 
 def _check_returned(returned: object) -> None:
-    """Raise if ``add_reclaimed`` returned an awaitable: its work has not run, may never run."""
-    if not inspect.isawaitable(returned):
+    """Raise if ``add_reclaimed`` returned an awaitable or a generator: its work has not run,
+    may never run."""
+    lazy = inspect.isgenerator(returned) or inspect.isasyncgen(returned)
+    if not (lazy or inspect.isawaitable(returned)):
         return
-    if inspect.iscoroutine(returned):
+    if inspect.iscoroutine(returned) or inspect.isgenerator(returned):
         returned.close()
+    what = "a generator" if lazy else "an awaitable"
     raise RuntimeContractError(
-        f"kv_allocator.add_reclaimed returned {type(returned).__name__} (an awaitable): the "
+        f"kv_allocator.add_reclaimed returned {type(returned).__name__} ({what}): the "
         "credit may not have been applied; fix: make add_reclaimed a plain function that grows "
         "the KV budget before returning"
     )

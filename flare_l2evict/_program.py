@@ -19,7 +19,7 @@ import torch
 from pydantic import ValidationError
 
 from . import _core, _request
-from ._errors import reason_of
+from ._errors import L2EvictError, reason_of
 from ._report import PROGRAM, ReclaimReport
 from ._request import OutOfBounds, Placement, Request
 from ._settings import ALLOWED, L2EvictSettings
@@ -156,29 +156,24 @@ class _Block:
     """One ``evicting_from`` block: its arguments, then, once entered, its start-up.
 
     It holds the program's mapping only until the core has read it: no tensor only it
-    held counts. One object is one block: an entry while it is entered, or after it was
-    used, is refused in one line and changes nothing of the first.
+    held counts. One object is one block, entered once: a second entry (nested, from a
+    generator, on another thread, or after the first ended) raises one line, so no exit
+    follows it and the first entry's block stands until its own exit.
     """
 
     def __init__(self, tensors: object, arguments: BlockArguments) -> None:
         self._tensors: object = tensors
         self._arguments = arguments
-        self._state: Literal["new", "entered", "used"] = "new"
-        self._claim = threading.Lock()  # one entry at a time, whatever the threads
-        self._refused: dict[int, int] = {}  # per thread: refused entries not yet exited
+        self._entered = threading.Lock()  # taken by the first entry, never given back
 
     def __enter__(self) -> ReclaimReport:
-        if not self._claim.acquire(blocking=False):
-            return self._refuse("is being entered on another thread")
-        try:
-            if self._state != "new":
-                return self._refuse(
-                    "is already entered" if self._state == "entered" else "was already used"
-                )
-            self._state = "entered"
-            return self._enter()
-        finally:
-            self._claim.release()
+        if not self._entered.acquire(blocking=False):
+            raise L2EvictError(
+                "this evicting_from block was already entered; a block is entered once, and "
+                "this entry changed nothing; fix: make a new evicting_from(...) for each with "
+                "statement"
+            )
+        return self._enter()
 
     def _enter(self) -> ReclaimReport:
         tensors, self._tensors = self._tensors, None
@@ -195,22 +190,10 @@ class _Block:
             # An exception at the very entry of __exit__ (a signal handler's) runs none of
             # its lines; the with statement then drops the block, and this ends its start-up.
             weakref.finalize(self, _orphaned, report)
-        except BaseException:
+            return report
+        except BaseException:  # no __exit__ follows a raising __enter__: end it here
             Startup.end(self, own_only=True)
             raise
-        return report
-
-    def _refuse(self, why: str) -> ReclaimReport:
-        report = _core.fall_back(
-            _zero(
-                f"this evicting_from block {why}; this entry credits 0 and changes nothing; "
-                "fix: make a new evicting_from(...) for each with statement"
-            ),
-            raising=self._arguments.raising,
-        )
-        thread = threading.get_ident()  # counted once it returns: a raise runs no __exit__
-        self._refused[thread] = self._refused.get(thread, 0) + 1
-        return report
 
     def __exit__(
         self,
@@ -219,11 +202,6 @@ class _Block:
         traceback: TracebackType | None,
     ) -> None:
         """Whatever ended the block, it ends the same: the start-up it began, if any."""
-        thread = threading.get_ident()
-        if self._refused.get(thread):
-            self._refused[thread] -= 1  # a refused entry's exit: the first entry stands
-            return
-        self._state = "used"
         Startup.end(self, own_only=True)
 
 
@@ -256,8 +234,9 @@ def evicting_from(
     Invariants: ``reclaimed_bytes`` is what the block's races will not allocate (0,
     with the reason, when it falls back to stock b12x); on exit, exceptions
     included, stock b12x is back and nothing references the tensors. Under
-    ``on_error = "fallback"`` it never raises on entry. While another start-up is
-    active in the process, it reports 0 and changes nothing.
+    ``on_error = "fallback"`` it never raises on entry, except when the same block
+    object is entered a second time (one line; the first entry stands). While another
+    start-up is active in the process, it reports 0 and changes nothing.
     """
     arguments = BlockArguments(
         race_jobs=race_jobs,

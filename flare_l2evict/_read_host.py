@@ -127,11 +127,12 @@ def request_from(runtime: object) -> Request | Refused:
     covers the runtime's faults too; ``resident_tensors()`` is called once, last, and
     only when the plugin is enabled.
     """
-    seen = snapshot(runtime)
-    where = placement(seen)
+    where = Placement("unknown device")
     settings: L2EvictSettings | None = None
     raising = False
     try:
+        seen = snapshot(runtime)
+        where = placement(seen)
         config = seen.get("config")
         if config is not None and not isinstance(config, Mapping):
             raise seen.bad("config", "the deployment config as a mapping")
@@ -141,7 +142,9 @@ def request_from(runtime: object) -> Request | Refused:
         raising = settings.on_error == "raise"
         return _checked(runtime, seen, where, settings, raising)
     except Exception as error:
-        kv_sizing = _kv_sizing_or_reserved(seen)
+        # Its traceback would hold this frame, and through it the host's objects.
+        error = error.with_traceback(None)
+        kv_sizing = _kv_sizing_or_reserved(runtime)
         return Refused(runtime, HOST, where, settings, raising, error, kv_sizing)
 
 
@@ -184,10 +187,11 @@ def _kv_sizing(value: object) -> KVSizing:
     raise OutOfBounds("kv_sizing", "'reserved' (a budget set aside before the races) or 'measured'")
 
 
-def _kv_sizing_or_reserved(seen: Snapshot) -> KVSizing:
+def _kv_sizing_or_reserved(runtime: object) -> KVSizing:
+    """What the host said of its KV sizing, for the agreement of a refused start-up."""
     try:
-        return _kv_sizing(seen.get("kv_sizing"))
-    except OutOfBounds:
+        return _kv_sizing(getattr(runtime, "kv_sizing", None))
+    except Exception:
         return "reserved"
 
 

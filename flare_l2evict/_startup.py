@@ -81,10 +81,11 @@ _AFTER_RESTORE = {
     Phase.INSTALLED: Phase.FELL_BACK,
     Phase.OFFERING: Phase.CUT_SHORT,
     Phase.CREDITED: Phase.CUT_SHORT,
-    Phase.KEPT: Phase.FELL_BACK,
+    Phase.KEPT: Phase.CUT_SHORT,
 }
-_STANDS = frozenset({Phase.OFFERING, Phase.CREDITED, Phase.ENDING, Phase.CUT_SHORT})
-"""Phases in which the allocator may hold the credit."""
+_STANDS = frozenset({Phase.OFFERING, Phase.CREDITED, Phase.KEPT, Phase.ENDING, Phase.CUT_SHORT})
+"""Phases in which the host relies on the install: its allocator may hold the credit, or (KEPT)
+its measured KV cache counts on the races reading weights."""
 
 
 @dataclass(frozen=True)
@@ -194,13 +195,14 @@ class Startup:
         """A fresh lock (its holder is not in the child); an offer's thread is not there either."""
         cls._lock = threading.RLock()
         active = cls._active
-        if active is None or not active._in_offer:
-            return
+        if active is None or (active.thread == threading.get_ident() and not active._in_offer):
+            return  # forked by the start-up's own thread, between its steps: all is as it was
         active._in_offer = False
+        active._move(Phase.INSTALLING, Phase.INSTALLED)  # its installer is not in the child
         if active.phase is Phase.OFFERING:
             active.phase = Phase.CREDITED  # the child's allocator holds what the parent's did
-        elif active.phase is Phase.ENDING:  # the parent's startup_complete came: end here too
-            active._finish()
+        elif active.phase in (Phase.ENDING, Phase.BEGUN, Phase.INSTALLED):
+            active._finish()  # ended in the parent, or its hook cannot finish here: nothing offered
 
     # -- transitions --------------------------------------------------------------------------
 
@@ -355,7 +357,7 @@ class Startup:
         if ender is None:
             return False
         handed = (*self._handed, self.report)
-        return ender is self._owner() or any(ender is report for report in handed)
+        return ender is self or ender is self._owner() or any(ender is r for r in handed)
 
     def ends_with(self, ender: object) -> bool:
         """Whether ``startup_complete(ender)`` ends this start-up: its owner or one of its
@@ -388,6 +390,8 @@ class Startup:
             active = cls._active
             if active is None or (own_only and not active.owned_by(ender)):
                 return StartupAudit(mechanism="none")
+            if active.phase is Phase.ENDED:  # another call is ending it right now
+                return StartupAudit(mechanism="none")
             if not active.ends_with(ender):
                 audit = StartupAudit(mechanism="none", refused=active._refusal(ender))
                 say(log, logging.WARNING, "flare_l2evict: %s", audit.refused)
@@ -404,20 +408,24 @@ class Startup:
 
     @_resumed
     def _finish(self) -> None:
-        """ENDED: restored, and the slot free for the next start-up."""
-        self.restore()
+        """ENDED: restored, and the slot free for the next start-up. ENDED comes first, so an
+        end on another thread meanwhile sees the start-up over (not cut short by a restore)."""
         with self._lock:
             self.phase = Phase.ENDED
+        self.restore()
+        with self._lock:
             if Startup._active is self:
                 Startup._active = None
 
     def _refusal(self, ender: object) -> str:
         whose = "None" if ender is None else "a runtime that began no start-up in progress here"
-        active = (
-            f"a start-up whose credit of {self.audit().credited_bytes:,} bytes stands is active"
-            if self.phase in _STANDS
-            else "another model's start-up is running, with its own runtime"
-        )
+        if self.phase is Phase.KEPT:
+            active = "a start-up whose races read the weights (kv_sizing = 'measured') is active"
+        elif self.phase in _STANDS:
+            credit = self.audit().credited_bytes
+            active = f"a start-up whose credit of {credit:,} bytes stands is active"
+        else:
+            active = "another model's start-up is running, with its own runtime"
         return (
             f"startup_complete with {whose} ({active}); this call changed nothing; fix: pass "
             "startup_complete the runtime its before_first_capture got, or the report that "
@@ -431,13 +439,13 @@ class Startup:
             return StartupAudit(mechanism="none")
         stands = self.phase in _STANDS
         key, credited = str(eviction.device), self.offered_bytes if stands else 0
-        jobs = seam.basis.race_jobs if stands or self.phase is Phase.KEPT else 0
+        jobs = seam.basis.race_jobs if stands else 0
         made, fell_back = seam.stock_bytes(key), eviction.fell_back_reason
-        if self.phase is Phase.CUT_SHORT and credited:  # races after it made unseen buffers
+        if self.phase is Phase.CUT_SHORT:  # races after it make buffers the audit cannot see
             made = credited
             fell_back = (
-                f"flare_l2evict.restore() ran before {self.wording.ends}, while the credit "
-                "stood; the races after it allocated stock buffers"
+                f"flare_l2evict.restore() ran before {self.wording.ends}, while the host "
+                "relied on the eviction; any race after it allocates a stock buffer"
             )
         counted = seam.counted
         unused = max(0, jobs - seam.peak) * seam.basis.stock.nbytes if counted else 0

@@ -101,9 +101,13 @@ def shown(value: object, limit: int = LIMIT) -> str:
 
 def described(error: BaseException, limit: int = LIMIT) -> str:
     """``Type: message`` of an exception on one bounded line, even when its ``__str__`` raises."""
-    kind = type(error).__name__
+    try:  # a metaclass of the host's may make even __name__ raise
+        kind = str.__str__(type.__dict__["__name__"].__get__(type(error)))
+    except Exception:
+        kind = "an exception"
     try:
         text = str(error)  # a __str__ returning no str raises TypeError here
+        text = str.__str__(text)  # a str subclass returned: its own methods are not called
     except Exception:
         text = "<its message could not be read>"
     return shown(" ".join(f"{kind}: {text}".split()), limit)

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from support.figures import MiB
 from support.hosts import CREDIT, JOBS, L2, complete, hook, runtime, seam_is_ours, weights
 from support.startups import end_any, installed
 
@@ -248,6 +249,7 @@ def test_a_child_forked_during_add_reclaimed_restores_at_its_startup_complete() 
             pid = os.fork()
         if pid == 0:  # the child: end its copy of the start-up, report the seam, leave
             try:
+                torch.set_num_threads(1)  # the parent's thread pool is not in the child
                 audit = complete(host)
                 os.write(write, f"{audit.credited_bytes} {seam_is_ours()}".encode())
             finally:
@@ -270,24 +272,39 @@ def test_a_child_forked_during_add_reclaimed_restores_at_its_startup_complete() 
 
 
 # 5. One evicting_from object entered twice.
-def test_a_block_entered_twice_refuses_the_second_entry_and_keeps_the_first(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def _held_open(block: Any) -> Iterator[None]:
+    with block:  # a second entry, held open by a generator on the same thread
+        yield
+
+
+@pytest.mark.parametrize("how", ["nested", "from-a-generator", "after-its-exit"])
+def test_a_block_entered_twice_refuses_the_second_entry_and_keeps_the_first(how: str) -> None:
     tensors = weights()  # the program keeps its weights
     block = flare_l2evict.evicting_from(tensors, race_jobs=JOBS, l2_cache_bytes=L2)
     with block as outer:
         assert outer.reclaimed_bytes == CREDIT and seam_is_ours()
-        with caplog.at_level(logging.WARNING, logger="flare_l2evict"), block as inner:
-            assert inner.reclaimed_bytes == 0
-        reason = inner.reason or ""
-        assert "already entered" in reason and "tensors is" not in reason
-        assert len([r for r in caplog.records if r.name == "flare_l2evict"]) == 1
-        assert seam_is_ours()  # the inner exit ended nothing of the outer block
+        if how == "nested":
+            with pytest.raises(flare_l2evict.L2EvictError, match="already entered") as raised:
+                with block:
+                    pass
+            assert "\n" not in str(raised.value) and "fix: make a new evicting_from" in str(
+                raised.value
+            )
+        elif how == "from-a-generator":
+            held = _held_open(block)
+            with pytest.raises(flare_l2evict.L2EvictError, match="already entered"):
+                next(held)
+        assert seam_is_ours()  # the second entry ended nothing of the first block
         active = installed()
         assert active is not None and active.phase is Phase.CREDITED
-    assert not seam_is_ours() and Startup.active() is None
-    with block as again:  # used: refused, in its own words
-        assert again.reclaimed_bytes == 0 and "already used" in (again.reason or "")
+    assert not seam_is_ours() and Startup.active() is None  # its own exit ended it
+    if how == "after-its-exit":
+        with pytest.raises(flare_l2evict.L2EvictError, match="already entered"):
+            with block:
+                pass
+    again = runtime()
+    assert hook(again).reclaimed_bytes == CREDIT  # nothing stuck
+    complete(again)
 
 
 # 6. Exceptions inside an undo.
@@ -369,3 +386,148 @@ def test_host_and_program_values_meet_one_set_of_bounds(name: str, value: object
     with flare_l2evict.evicting_from(weights(), **given) as report:
         program_refused = (report.reason or "").startswith(f"evicting_from: {name} =")
     assert host_refused == program_refused, (name, value)
+
+
+# 8. What a hostile review of the start-up object found (each a reproduced fault, now closed).
+class NamelessMeta(type):
+    """An exception type whose very name raises."""
+
+    def __getattribute__(cls, name: str) -> Any:
+        if name == "__name__":
+            raise RuntimeError("no name")
+        return super().__getattribute__(name)
+
+
+class NamelessError(Exception, metaclass=NamelessMeta):
+    pass
+
+
+class NamelessRaisingRuntimeStandIn(ReferenceRuntime):
+    @property
+    def race_jobs(self) -> int:  # type: ignore[override]
+        raise NamelessError("host")
+
+    @race_jobs.setter
+    def race_jobs(self, value: int) -> None:
+        pass
+
+
+def test_an_exception_whose_type_has_no_readable_name_falls_back_in_one_line() -> None:
+    report = hook(runtime(kind=NamelessRaisingRuntimeStandIn))
+    assert report.reclaimed_bytes == 0 and "runtime.race_jobs raised" in (report.reason or "")
+    assert Startup.active() is not None and not seam_is_ours()
+
+
+def test_a_restore_during_a_measured_start_up_is_audited_as_a_fallback() -> None:
+    host = runtime()
+    object.__setattr__(host, "kv_sizing", "measured")
+    assert hook(host).unallocated_bytes > 0 and seam_is_ours()
+    assert complete(None).refused  # a stranger's startup_complete(None) ends nothing
+    assert seam_is_ours()
+    flare_l2evict.restore()
+    audit = complete(host)
+    assert audit.mechanism == "stock-seam" and audit.warns
+    assert "restore() ran before startup_complete" in (audit.fallback_reason or "")
+
+
+def test_two_startup_completes_at_once_audit_no_false_shortfall() -> None:
+    host = runtime()
+    report = hook(host)
+    audits: list[StartupAudit] = []
+    threads = [
+        threading.Thread(target=lambda ender=ender: audits.append(complete(ender)))
+        for ender in (host, report)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(a.credited_bytes for a in audits) == [0, CREDIT]
+    assert all(a.shortfall_bytes == 0 and a.fallback_reason is None for a in audits), audits
+    assert not seam_is_ours() and Startup.active() is None
+
+
+def test_a_tools_installation_dropped_without_end_frees_the_slot() -> None:
+    from flare_l2evict._b12x.proof import measure_basis
+    from flare_l2evict.tools._choose_weights import choose_weights, install
+
+    tensors = weights()
+    settings = flare_l2evict.L2EvictSettings.model_construct(window=MiB)
+    chosen = choose_weights(tensors, "cpu", MiB)
+    installed_by_tool = install(chosen, measure_basis(chosen.device, MiB, settings, 0))
+    assert seam_is_ours()
+    del installed_by_tool, chosen
+    assert not seam_is_ours() and Startup.active() is None
+    again = runtime()
+    assert hook(again).reclaimed_bytes == CREDIT
+    complete(again)
+
+
+class GeneratorAllocatorStandIn(ReferenceKVAllocator):
+    """An add_reclaimed that returns a generator: its body never runs unless iterated."""
+
+    def add_reclaimed(self, report: ReclaimReport) -> Any:  # type: ignore[override]
+        yield super().add_reclaimed(report)
+
+
+def test_an_allocator_returning_a_generator_is_recorded_as_raised() -> None:
+    allocator = GeneratorAllocatorStandIn(1024)
+    host = runtime(allocator=allocator)
+    report = hook(host)
+    # A generator function is refused before the offer; its report says so.
+    assert report.reclaimed_bytes == 0 and "generator function" in (report.reason or "")
+    assert allocator.reclaimed_bytes == 0 and not seam_is_ours()
+
+
+class BlockingMappingStandIn(dict[str, torch.Tensor]):
+    """Resident tensors whose iteration waits: its start-up is BEGUN meanwhile."""
+
+    inside = threading.Event()
+    release = threading.Event()
+
+    def __iter__(self) -> Iterator[str]:
+        BlockingMappingStandIn.inside.set()
+        BlockingMappingStandIn.release.wait(DEADLINE)
+        return super().__iter__()
+
+
+class BlockingRuntimeStandIn(ReferenceRuntime):
+    def resident_tensors(self) -> Any:
+        return BlockingMappingStandIn(super().resident_tensors())
+
+
+def test_a_child_forked_while_another_thread_is_mid_hook_starts_up_afresh() -> None:
+    BlockingMappingStandIn.inside.clear()
+    BlockingMappingStandIn.release.clear()
+    host = runtime(kind=BlockingRuntimeStandIn)
+    worker = threading.Thread(target=hook, args=(host,))
+    worker.start()
+    assert BlockingMappingStandIn.inside.wait(30)
+    read, write = os.pipe()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: on purpose
+            pid = os.fork()
+        if pid == 0:  # the child: its own start-up, then the seam
+            try:
+                torch.set_num_threads(1)  # the parent's thread pool is not in the child
+                child = runtime()
+                credited = hook(child).reclaimed_bytes
+                complete(child)
+                os.write(write, f"{credited} {seam_is_ours()}".encode())
+            finally:
+                os._exit(0)
+    finally:
+        BlockingMappingStandIn.release.set()
+        worker.join()
+    os.close(write)
+    deadline = time.monotonic() + DEADLINE
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("the forked child hung")
+        time.sleep(0.05)
+    got = os.read(read, 64).decode()
+    os.close(read)
+    assert got == f"{CREDIT} False"  # the parent's half-run hook did not hold the child's slot
+    complete(host)

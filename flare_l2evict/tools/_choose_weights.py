@@ -8,6 +8,7 @@ than raising. This composes the same three, so what it chooses is what start-up 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -65,6 +66,8 @@ class Installed:
                 "(startup_complete, or Installed.end()) before installing again"
             )
         self.startup = began
+        # Dropped without end(): its start-up ends with it (it holds the process's one slot).
+        weakref.finalize(self, Startup.end, began, own_only=True)
         try:
             seam = seam_for(basis)
             self.mechanism = seam.mechanism
