@@ -404,7 +404,7 @@ class NamelessError(Exception, metaclass=NamelessMeta):
 
 class NamelessRaisingRuntimeStandIn(ReferenceRuntime):
     @property
-    def race_jobs(self) -> int:  # type: ignore[override]
+    def race_jobs(self) -> int:
         raise NamelessError("host")
 
     @race_jobs.setter
@@ -466,7 +466,7 @@ def test_a_tools_installation_dropped_without_end_frees_the_slot() -> None:
 class GeneratorAllocatorStandIn(ReferenceKVAllocator):
     """An add_reclaimed that returns a generator: its body never runs unless iterated."""
 
-    def add_reclaimed(self, report: ReclaimReport) -> Any:  # type: ignore[override]
+    def add_reclaimed(self, report: ReclaimReport) -> Any:
         yield super().add_reclaimed(report)
 
 
