@@ -88,17 +88,21 @@ def runtime(
     config: dict[str, Any] | None = None,
     allocator: Any = None,
     race_jobs: int = JOBS,
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
+    l2_cache_bytes: int | None = L2,
     kind: type[ReferenceRuntime] = ReferenceRuntime,
     **more: Any,
 ) -> ReferenceRuntime:
-    """The reference host's runtime on the CPU, around ``tensors`` (default :func:`weights`)."""
+    """The reference host's runtime on the CPU, around ``tensors`` (default :func:`weights`).
+
+    On a GPU, ``l2_cache_bytes=None`` has the plugin read the device's own L2 size.
+    """
     return kind(
         device=torch.device(device),
         config=config or {},
         kv_allocator=allocator or ReferenceKVAllocator(1024),
         race_jobs=race_jobs,
-        l2_cache_bytes=L2,
+        l2_cache_bytes=l2_cache_bytes,
         tensors=weights(nbytes) if tensors is _WEIGHTS else tensors,
         **more,
     )
