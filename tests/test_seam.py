@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-from support import hosts
 from support.fake_b12x import (
     SESSION_BOUND_AT_IMPORT,
     SESSION_NEW_MODULE,
@@ -18,7 +17,7 @@ from support.fake_b12x import (
     write_fake,
     write_moved_fake,
 )
-from support.hosts import JOBS, L2, PM, hook, runtime
+from support.hosts import JOBS, L2, PM, hook, runtime, weights
 from support.startups import end_any, installed
 
 from flare_l2evict import ReclaimReport, StartupAudit
@@ -46,17 +45,18 @@ def start(
 
 
 @pytest.fixture
-def weights() -> dict[str, torch.Tensor]:
-    return hosts.weights()
+def resident() -> dict[str, torch.Tensor]:
+    """A fresh mapping of the shared host's weights, for each test."""
+    return weights()
 
 
 def test_stock_shaped_fake_is_served_and_credited_exactly(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2))
-    report, saved, evictions, audit = start(weights)
+    report, saved, evictions, audit = start(resident)
     assert all(isinstance(e, EvictionHandle) for e in evictions)
     assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
@@ -65,10 +65,10 @@ def test_stock_shaped_fake_is_served_and_credited_exactly(
 def test_a_session_that_binds_the_seam_at_import_is_redirected_too(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, session=SESSION_BOUND_AT_IMPORT))
-    report, saved, evictions, _ = start(weights)
+    report, saved, evictions, _ = start(resident)
     assert all(isinstance(e, EvictionHandle) for e in evictions)
     assert 0 < report.reclaimed_bytes <= saved
     session = __import__("b12x.preparation.session").preparation.session
@@ -79,10 +79,10 @@ def test_a_session_that_binds_the_seam_at_import_is_redirected_too(
 def test_a_buffer_of_three_l2_is_measured_not_assumed(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, factor=3))
-    report, saved, _, _ = start(weights)
+    report, saved, _, _ = start(resident)
     assert report.stock_buffer_bytes == 3 * L2 + 4  # its buffer and its 0-d output
     assert 0 < report.reclaimed_bytes <= saved
 
@@ -90,11 +90,11 @@ def test_a_buffer_of_three_l2_is_measured_not_assumed(
 def test_a_buffer_of_one_l2_is_credited_at_one_l2(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     # The formula would say 64 MiB per job; this release allocates 8 MiB.
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, factor=1))
-    report, saved, _, _ = start(weights)
+    report, saved, _, _ = start(resident)
     assert report.stock_buffer_bytes == L2 + 4
     assert report.reclaimed_bytes <= saved
 
@@ -111,12 +111,12 @@ def test_a_buffer_of_one_l2_is_credited_at_one_l2(
 def test_a_release_the_plugin_cannot_serve_is_refused_and_credited_zero(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
     fault: dict[str, Any],
     reason: str,
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, **fault))
-    host = runtime(tensors=weights)
+    host = runtime(tensors=resident)
     report = hook(host)
     assert report.reclaimed_bytes == 0 and reason in (report.reason or "")
     assert host.kv_allocator.reclaimed_bytes == 0
@@ -127,15 +127,15 @@ def test_a_release_the_plugin_cannot_serve_is_refused_and_credited_zero(
 def test_weights_freed_mid_startup_show_as_a_shortfall_in_the_audit(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     measurement = use_fake(monkeypatch, write_fake(tmp_path, l2=L2))
-    host = runtime(tensors=weights)
+    host = runtime(tensors=resident)
     report = hook(host)
     measurement.ALLOCATED.clear()
     (eviction,) = job_evictions(1)
-    next(iter(weights.values())).untyped_storage().resize_(0)
+    next(iter(resident.values())).untyped_storage().resize_(0)
     eviction()  # the weights are gone: this race makes stock's buffer after all
     with caplog.at_level("INFO", logger="flare_l2evict"):
         audit = PM.hook.startup_complete(runtime=host)[0]
@@ -152,7 +152,7 @@ def test_weights_freed_mid_startup_show_as_a_shortfall_in_the_audit(
 def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     """The seam is data: a release that moved it to another module and name needs one row."""
     use_fake(
@@ -160,7 +160,7 @@ def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
         write_moved_fake(tmp_path, l2=L2, module="_cold", function="_cold_l2"),
         seam="preparation._cold",
     )
-    report, _, evictions, _ = start(weights, seam="preparation._cold")
+    report, _, evictions, _ = start(resident, seam="preparation._cold")
     assert report.reclaimed_bytes == 0  # unknown to the table: refused, stock kept
     assert "b12x.preparation._measurement" in (report.reason or "")
     assert not any(isinstance(e, EvictionHandle) for e in evictions)
@@ -180,7 +180,7 @@ def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
     cold: Any = importlib.import_module("b12x.preparation._cold")
     evictions.clear()
     cold.ALLOCATED.clear()  # the refused start-up's stock buffers
-    report, saved, evictions, audit = start(weights, seam="preparation._cold")
+    report, saved, evictions, audit = start(resident, seam="preparation._cold")
     assert all(isinstance(e, EvictionHandle) for e in evictions)
     assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES > 0
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
@@ -190,12 +190,12 @@ def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
 def test_a_release_whose_seam_changed_its_signature_is_supported_by_adding_one_row(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     """The calling convention is data too: a seam taking ``(*, enabled, device)`` is one row."""
     fake = write_moved_fake(tmp_path, l2=L2, module="_cold", function="_cold_l2", keywords=True)
     use_fake(monkeypatch, fake, seam="preparation._cold")
-    report, _, evictions, _ = start(weights, seam="preparation._cold")
+    report, _, evictions, _ = start(resident, seam="preparation._cold")
     assert report.reclaimed_bytes == 0 and not any(isinstance(e, EvictionHandle) for e in evictions)
     changed = _seam_table.SeamRow(
         name="a b12x whose seam moved and takes keywords only (fake)",
@@ -213,7 +213,7 @@ def test_a_release_whose_seam_changed_its_signature_is_supported_by_adding_one_r
     cold: Any = importlib.import_module("b12x.preparation._cold")
     evictions.clear()
     cold.ALLOCATED.clear()
-    report, saved, evictions, audit = start(weights, seam="preparation._cold")
+    report, saved, evictions, audit = start(resident, seam="preparation._cold")
     assert all(isinstance(e, EvictionHandle) for e in evictions)
     assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES > 0
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
@@ -223,7 +223,7 @@ def test_a_release_whose_seam_changed_its_signature_is_supported_by_adding_one_r
 def test_a_stock_buffer_that_cannot_be_sized_credits_nothing(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     # The seam's call works, but its closure holds a tensor whose storage cannot be read:
     # what stock allocates is unknown, so no credit rests on the formula instead.
@@ -240,6 +240,6 @@ def test_a_stock_buffer_that_cannot_be_sized_credits_nothing(
     assert text.count("\n    def flush():") == 1
     seam.write_text(text.replace("\n    def flush():", opaque))
     use_fake(monkeypatch, root)
-    report = hook(runtime(tensors=weights))
+    report = hook(runtime(tensors=resident))
     assert report.reclaimed_bytes == 0 and "no storage" in (report.reason or "")
     assert installed() is None
