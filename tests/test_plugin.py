@@ -22,6 +22,7 @@ from flare_l2evict.tools.reference_host import (
     PROFILES,
     DeviceProfile,
     ReferenceHost,
+    StartupResult,
     example_tensors,
     installed_plugins,
     plugin_manager,
@@ -48,6 +49,12 @@ def gb202_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def without_plugins(gb202_checkpoint: Path) -> StartupResult:
+    """The GB202 start-up with no plugin named: stock's figures, which three tests compare."""
+    return host(plugins=()).start(gb202_checkpoint)
+
+
 def test_entry_point_is_installed_and_loaded_by_name() -> None:
     assert "l2evict" in installed_plugins()
     pm = plugin_manager(["l2evict"])
@@ -55,8 +62,8 @@ def test_entry_point_is_installed_and_loaded_by_name() -> None:
     assert plugin_manager([]).get_plugins() == set()
 
 
-def test_seed_shape_on_gb202(gb202_checkpoint: Path) -> None:
-    without = host(plugins=()).start(gb202_checkpoint)
+def test_seed_shape_on_gb202(gb202_checkpoint: Path, without_plugins: StartupResult) -> None:
+    without = without_plugins
     with_plugin = host().start(gb202_checkpoint)
     assert without.eviction_storage_bytes == 5 * 256 * MiB == 1_342_177_280
     assert with_plugin.eviction_storage_bytes == OUTPUTS  # its own outputs, nothing per job
@@ -97,16 +104,18 @@ def test_no_reference_to_the_weights_after_startup() -> None:
     assert big.expired()  # type: ignore[no-untyped-call]
 
 
-def test_disabled_by_config_leaves_the_budget(gb202_checkpoint: Path) -> None:
-    without = host(plugins=()).start(gb202_checkpoint)
+def test_disabled_by_config_leaves_the_budget(
+    gb202_checkpoint: Path, without_plugins: StartupResult
+) -> None:
+    without = without_plugins
     off = host(config={"plugins": {"l2evict": {"enabled": False}}}).start(gb202_checkpoint)
     assert off.kv_budget_bytes == without.kv_budget_bytes
     assert off.report is not None and off.report.reason is not None
     assert off.report.reason.startswith("disabled by config")
 
 
-def test_not_named_by_plugin_flag_leaves_the_budget(gb202_checkpoint: Path) -> None:
-    assert host(plugins=()).start(gb202_checkpoint).report is None
+def test_not_named_by_plugin_flag_leaves_the_budget(without_plugins: StartupResult) -> None:
+    assert without_plugins.report is None
 
 
 def test_unknown_plugin_is_a_clear_error() -> None:
