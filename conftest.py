@@ -1,18 +1,19 @@
-"""Shared fixtures and the ``gpu`` marker (skipped without CUDA)."""
+"""Shared fixtures and the ``gpu`` marker (skipped without CUDA).
+
+The tests' common host (plugin manager, CPU runtime, weights, seam, and the figures
+L2/JOBS/CREDIT, each stated once) is ``tests/support/hosts.py``; reaching the process's
+start-up is ``tests/support/startups.py``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 import flare_l2evict
-from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime
-
-MiB = 1 << 20
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -45,27 +46,3 @@ def write_checkpoint(tmp_path: Path) -> Callable[[dict[str, torch.Tensor], str],
         return path
 
     return write
-
-
-@pytest.fixture
-def make_runtime() -> Callable[..., ReferenceRuntime]:
-    """The reference host's runtime object around given tensors (CPU, small L2)."""
-
-    def make(
-        tensors: dict[str, torch.Tensor],
-        *,
-        config: Mapping[str, Any] | None = None,
-        l2_cache_bytes: int = 32 * MiB,
-        race_jobs: int = 5,
-        device: str = "cpu",
-    ) -> ReferenceRuntime:
-        return ReferenceRuntime(
-            device=torch.device(device),
-            config=config or {},
-            kv_allocator=ReferenceKVAllocator(1024),
-            race_jobs=race_jobs,
-            l2_cache_bytes=l2_cache_bytes,
-            tensors=tensors,
-        )
-
-    return make

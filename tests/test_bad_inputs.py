@@ -6,16 +6,15 @@ import json
 import re
 import struct
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from support.figures import MiB
+from support.hosts import hook, runtime
 
 from flare_l2evict.tools._cli import main
-from flare_l2evict.tools.reference_host import ReferenceRuntime, plugin_manager
 
 
 def header_file(path: Path, header: dict[str, Any], data: bytes) -> Path:
@@ -300,21 +299,16 @@ RUNTIME_CASES: list[tuple[str, object, str]] = [
 @pytest.mark.parametrize(
     ("name", "value", "line"), RUNTIME_CASES, ids=[c[2][:40] for c in RUNTIME_CASES]
 )
-def test_runtime_values_out_of_range_are_one_line(
-    make_runtime: Callable[..., ReferenceRuntime], name: str, value: object, line: str
-) -> None:
-    runtime = make_runtime({"w": torch.zeros(64 * MiB // 4)})
-    setattr(runtime, name, value)
-    report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
-    assert report.reclaimed_bytes == 0 and line in report.reason
-    assert "\n" not in report.reason
+def test_runtime_values_out_of_range_are_one_line(name: str, value: object, line: str) -> None:
+    host_runtime = runtime(tensors={"w": torch.zeros(64 * MiB // 4)})
+    setattr(host_runtime, name, value)
+    report = hook(host_runtime)
+    assert report.reclaimed_bytes == 0 and report.reason is not None
+    assert line in report.reason and "\n" not in report.reason
 
 
-def test_a_tensor_name_that_is_not_a_string_is_one_line(
-    make_runtime: Callable[..., ReferenceRuntime],
-) -> None:
-    runtime = make_runtime({7: torch.zeros(64 * MiB // 4)})
-    report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
-    assert report.reclaimed_bytes == 0
+def test_a_tensor_name_that_is_not_a_string_is_one_line() -> None:
+    report = hook(runtime(tensors={7: torch.zeros(64 * MiB // 4)}))
+    assert report.reclaimed_bytes == 0 and report.reason is not None
     assert report.reason.startswith("resident tensor name 7 has type int, not str; fix:")
     assert "\n" not in report.reason and "validation" not in report.reason.lower()

@@ -6,6 +6,8 @@ links named as its files -> refused, nothing written through them.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import re
@@ -13,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 import torch
@@ -22,6 +25,27 @@ from support.json_output import parsed
 from flare_l2evict import L2EvictError
 from flare_l2evict.tools._cli import _fix_for, error_line, main
 
+H100_DEMO = ["startup", "--plugin", "l2evict", "--profile", "h100"]
+"""The side-by-side demo on the h100 profile, which several tests read."""
+
+
+@pytest.fixture(scope="module")
+def h100_demo() -> tuple[int, str, str]:
+    """The demo's exit code, stdout and stderr, run once for the module (in-process)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(H100_DEMO)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def h100_json() -> tuple[int, str]:
+    """The demo's ``--json`` exit code and stdout, run once for the module (in-process)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = main([*H100_DEMO, "--json"])
+    return code, out.getvalue()
+
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
@@ -29,8 +53,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_demo_prints_the_side_by_side_table(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "startup", "--plugin", "l2evict", "--profile", "h100")
+def test_demo_prints_the_side_by_side_table(h100_demo: tuple[int, str, str]) -> None:
+    code, out, err = h100_demo
     assert code == 0
     assert "L2 eviction storage" in out and "5 x 100 MiB" in out
     assert f"{OUTPUTS:,} B (reads weights)" in out
@@ -39,8 +63,8 @@ def test_demo_prints_the_side_by_side_table(capsys: pytest.CaptureFixture[str]) 
     assert f"INFO flare_l2evict: reclaimed {reclaimed:,} bytes on cpu" in err
 
 
-def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "startup", "--plugin", "l2evict", "--profile", "h100", "--json")
+def test_json_output(h100_json: tuple[int, str]) -> None:
+    code, out = h100_json
     assert code == 0
     data = parsed("startup", out)
     gained = data["with"]["kv_budget_bytes"] - data["without"]["kv_budget_bytes"]
@@ -219,8 +243,8 @@ def test_help_is_argparse_usage_on_stdout(capsys: pytest.CaptureFixture[str]) ->
         assert out.startswith("usage: flare-l2evict") and "options:" in out
 
 
-def test_startup_says_each_fact_once_per_stream(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "startup", "--plugin", "l2evict", "--profile", "h100")
+def test_startup_says_each_fact_once_per_stream(h100_demo: tuple[int, str, str]) -> None:
+    code, out, err = h100_demo
     assert code == 0
     reclaimed = f"{5 * 100 * MiB - OWN:,}"
     # The credit and the audit are the plugin's log lines; the table has the figure once.
@@ -483,26 +507,26 @@ def test_quiet_logs_only_warnings(capsys: pytest.CaptureFixture[str]) -> None:
         "code = main(sys.argv[1:])\n"
         "raise SystemExit(code)\n"
     )
-    loud = subprocess.run(
-        [sys.executable, "-c", script, "startup", "--plugin", "l2evict", "--profile", "h100"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    quiet = subprocess.run(
-        [sys.executable, "-c", script, "startup", "--plugin", "l2evict", "--profile", "h100",
-         "-q"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    # The two fresh processes run at once: each spends most of its time importing.
+    started = [
+        subprocess.Popen([sys.executable, "-c", script, *H100_DEMO, *quiet], stdout=PIPE,
+                         stderr=PIPE, text=True)
+        for quiet in ([], ["-q"])
+    ]  # fmt: skip
+    (loud_out, loud_err), (quiet_out, quiet_err) = (p.communicate(timeout=300) for p in started)
+    assert [p.returncode for p in started] == [0, 0], (loud_err, quiet_err)
+    loud = subprocess.CompletedProcess(started[0].args, 0, loud_out, loud_err)
+    quiet = subprocess.CompletedProcess(started[1].args, 0, quiet_out, quiet_err)
     assert "INFO flare_l2evict: reclaimed" in loud.stderr
     assert "INFO" not in quiet.stderr and quiet.stdout == loud.stdout
 
 
-def test_every_json_object_carries_its_schema(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (
-        ["startup", "--plugin", "l2evict", "--profile", "h100", "--json"],
-        ["check", "--device", "cpu", "--json"],
-    ):
-        main(argv)
-        assert parsed(argv[0], capsys.readouterr().out)["schema"] == 2, argv
+def test_every_json_object_carries_its_schema(
+    capsys: pytest.CaptureFixture[str], h100_json: tuple[int, str]
+) -> None:
+    assert parsed("startup", h100_json[1])["schema"] == 2
+    main(["check", "--device", "cpu", "--json"])
+    assert parsed("check", capsys.readouterr().out)["schema"] == 2
 
 
 def test_example_out_never_writes_through_a_symlink(tmp_path: Path) -> None:

@@ -11,10 +11,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from support.figures import MiB
+from support.hosts import hook
 from support.startups import end_any, eviction_of, installed
 
 from flare_l2evict._credit import credit, stock_buffer_bytes
-from flare_l2evict.tools.reference_host import ReferenceKVAllocator, plugin_manager
+from flare_l2evict.tools.reference_host import ReferenceKVAllocator
 
 pytest.importorskip("b12x.preparation._measurement")
 
@@ -114,9 +115,8 @@ def test_the_hook_never_raises_and_never_over_credits(
     }[config_shape]
     tensors = {f"w{i}": torch.zeros(n) for i, n in enumerate(tensor_floats)}
     runtime = FuzzedRuntimeStandIn(device, rank, world_size, race_jobs, l2, config, kv, tensors)
-    pm = plugin_manager(["l2evict"])
     try:
-        (report,) = pm.hook.before_first_capture(runtime=runtime)
+        report = hook(runtime)
         installation = installed()
         if report.reclaimed_bytes == 0:
             assert installation is None  # nothing left installed without a credit

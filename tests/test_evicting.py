@@ -19,54 +19,44 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Iterator
 
 import pytest
 import torch
-from support.figures import OWN, MiB
-from support.startups import end_any, installed
+from support.figures import MiB
+from support.hosts import (
+    CREDIT,
+    JOBS,
+    L2,
+    WEIGHT,
+    complete,
+    hook,
+    runtime,
+    seam,
+    seam_is_ours,
+    weights,
+)
+from support.startups import installed
 from support.sums import checksum
 
 import flare_l2evict
 from flare_l2evict import L2EvictError
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict.tools._origin import stock_row
-from flare_l2evict.tools.reference_host import (
-    ReferenceKVAllocator,
-    ReferenceRuntime,
-    plugin_manager,
-)
 
-measurement = pytest.importorskip(stock_row().module_path)
-STOCK_SEAM = getattr(measurement, stock_row().function)
-L2 = 32 * MiB  # stock's buffer there: max(2 x 32 MiB, 64 MiB) = 64 MiB per race job
-
-
-def seam() -> object:
-    return getattr(measurement, stock_row().function)
-
-
-def weights(nbytes: int = 128 * MiB) -> dict[str, torch.Tensor]:
-    return {"model.layers.0.mlp.experts.w13_weight": torch.zeros(nbytes // 4)}
-
-
-@pytest.fixture(autouse=True)
-def _finished() -> Iterator[None]:
-    yield
-    end_any()
+pytest.importorskip(stock_row().module_path)
 
 
 def test_inside_the_block_the_races_read_the_tensors_and_stock_is_back_after() -> None:
     tensors = weights()
-    alive = tensors["model.layers.0.mlp.experts.w13_weight"].untyped_storage()._weak_ref()
-    with flare_l2evict.evicting_from(tensors, race_jobs=3, l2_cache_bytes=L2) as report:
-        assert report.reclaimed_bytes == 3 * 64 * MiB - OWN
-        assert report.mechanism == "stock-seam" and report.race_jobs == 3
+    alive = tensors[WEIGHT].untyped_storage()._weak_ref()
+    with flare_l2evict.evicting_from(tensors, race_jobs=JOBS, l2_cache_bytes=L2) as report:
+        assert report.reclaimed_bytes == CREDIT
+        assert report.mechanism == "stock-seam" and report.race_jobs == JOBS
         handle = seam()(torch.device("cpu"), enabled=True)  # type: ignore[operator]
         assert isinstance(handle, EvictionHandle)
         handle()
         assert checksum(handle.eviction) == 0.0  # read the zeros; wrote nothing
-    assert seam() is STOCK_SEAM and installed() is None
+    assert not seam_is_ours() and installed() is None
     del tensors, handle
     gc.collect()
     assert torch.UntypedStorage._expired(alive)  # nothing references the tensors
@@ -81,9 +71,9 @@ def test_an_exception_inside_the_block_restores_stock_and_propagates() -> None:
         pytest.raises(ProgramFailedStandIn),
         flare_l2evict.evicting_from(resident, race_jobs=2, l2_cache_bytes=L2) as report,
     ):
-        assert report.reclaimed_bytes > 0 and seam() is not STOCK_SEAM
+        assert report.reclaimed_bytes > 0 and seam_is_ours()
         raise ProgramFailedStandIn
-    assert seam() is STOCK_SEAM and installed() is None
+    assert not seam_is_ours() and installed() is None
 
 
 def test_too_few_bytes_fall_back_with_the_reason_and_leave_b12x_alone(
@@ -94,7 +84,7 @@ def test_too_few_bytes_fall_back_with_the_reason_and_leave_b12x_alone(
         flare_l2evict.evicting_from(weights(MiB), race_jobs=2, l2_cache_bytes=L2) as report,
     ):
         assert report.reclaimed_bytes == 0 and "eligible storages hold" in (report.reason or "")
-        assert seam() is STOCK_SEAM
+        assert not seam_is_ours()
     (line,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert "stock b12x eviction kept" in line.getMessage() and "\n" not in line.getMessage()
 
@@ -105,7 +95,7 @@ def test_on_error_raise_raises_the_same_line() -> None:
         flare_l2evict.evicting_from(weights(MiB), race_jobs=2, l2_cache_bytes=L2, on_error="raise"),
     ):
         raise AssertionError("the block must not run")
-    assert seam() is STOCK_SEAM and installed() is None
+    assert not seam_is_ours() and installed() is None
 
 
 def test_settings_are_the_plugins_own() -> None:
@@ -119,29 +109,20 @@ def test_settings_are_the_plugins_own() -> None:
 
 
 def test_inside_a_flare_start_up_it_credits_zero_and_ends_nothing_of_the_hosts() -> None:
-    pm = plugin_manager(["l2evict"])
-    host = ReferenceRuntime(
-        device=torch.device("cpu"),
-        config={},
-        kv_allocator=ReferenceKVAllocator(1024),
-        race_jobs=2,
-        l2_cache_bytes=L2,
-        tensors=weights(),
-    )
-    (hosted,) = pm.hook.before_first_capture(runtime=host)
-    assert hosted.reclaimed_bytes > 0
+    host = runtime()
+    assert hook(host).reclaimed_bytes == CREDIT
     hosts_own = installed()
     with flare_l2evict.evicting_from(weights(), race_jobs=2, l2_cache_bytes=L2) as report:
         assert report.reclaimed_bytes == 0 and "start-up is active" in (report.reason or "")
-    assert installed() is hosts_own and seam() is not STOCK_SEAM  # the host's stands
-    pm.hook.startup_complete(runtime=host)
-    assert seam() is STOCK_SEAM
+    assert installed() is hosts_own and seam_is_ours()  # the host's stands
+    complete(host)
+    assert not seam_is_ours()
 
 
 @pytest.mark.parametrize("tensors", [[1, 2], None, {}], ids=["list", "none", "empty"])
 def test_no_tensors_to_read_is_one_line_in_the_programs_words(tensors: object) -> None:
     with flare_l2evict.evicting_from(tensors, race_jobs=2, l2_cache_bytes=L2) as report:  # type: ignore[arg-type]
-        assert report.reclaimed_bytes == 0 and seam() is STOCK_SEAM
+        assert report.reclaimed_bytes == 0 and not seam_is_ours()
     assert report.reason is not None and "\n" not in report.reason
     assert report.reason.startswith("evicting_from: tensors is") and "runtime." not in report.reason
     with (
@@ -169,7 +150,7 @@ def test_bad_arguments_are_named_in_the_programs_words(
     # A program passes race_jobs=, not a host's runtime: the line names its argument.
     called = {"l2_cache_bytes": L2, **arguments}
     with flare_l2evict.evicting_from(weights(), **called) as report:  # type: ignore[arg-type]
-        assert report.reclaimed_bytes == 0 and seam() is STOCK_SEAM
+        assert report.reclaimed_bytes == 0 and not seam_is_ours()
     assert report.reason is not None and report.reason.startswith(start)
     assert "runtime." not in report.reason and "\n" not in report.reason
     with (
@@ -177,13 +158,13 @@ def test_bad_arguments_are_named_in_the_programs_words(
         flare_l2evict.evicting_from(weights(), on_error="raise", **called),  # type: ignore[arg-type]
     ):
         raise AssertionError("the block must not run")
-    assert seam() is STOCK_SEAM and installed() is None
+    assert not seam_is_ours() and installed() is None
 
 
 def test_a_tensor_only_the_block_keeps_alive_is_not_credited() -> None:
     # Issue 28: the block once reported 64,978,432 bytes for a tensor nothing else held.
     with flare_l2evict.evicting_from(weights(), race_jobs=1, l2_cache_bytes=L2) as report:
-        assert report.reclaimed_bytes == 0 and seam() is STOCK_SEAM
+        assert report.reclaimed_bytes == 0 and not seam_is_ours()
     assert "nothing but the plugin holds the storage" in (report.reason or "")
     assert "resident_tensors" not in (report.reason or "")
 
@@ -216,8 +197,8 @@ def test_an_argument_whose_methods_raise_never_raises_on_entry(
             caplog.at_level(logging.INFO, logger="flare_l2evict"),
             flare_l2evict.evicting_from(resident, race_jobs=1, l2_cache_bytes=L2, **bad) as report,  # type: ignore[arg-type]
         ):
-            assert seam() is STOCK_SEAM or report.reclaimed_bytes > 0
-    assert installed() is None and seam() is STOCK_SEAM
+            assert not seam_is_ours() or report.reclaimed_bytes > 0
+    assert installed() is None and not seam_is_ours()
 
 
 @pytest.mark.parametrize("race_jobs", [3, 1], ids=["unused-credit", "no-race-ran"])

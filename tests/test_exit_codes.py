@@ -7,7 +7,6 @@ usage or input error. Each command, each case, through the real CLI.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,20 @@ from support.json_output import parsed
 from flare_l2evict.tools._cli import main
 
 
-@pytest.fixture
-def cases(tmp_path: Path, write_checkpoint: Callable[..., Path]) -> dict[str, Path]:
-    disabled = tmp_path / "disabled.toml"
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The module's inputs, written once (every command only reads them)."""
+    from safetensors.torch import save_file
+
+    where = tmp_path_factory.mktemp("exit-codes")
+    disabled = where / "disabled.toml"
     disabled.write_text("[plugins.l2evict]\nenabled = false\n")
+    # Covers the h100 profile's 100 MiB window, and falls short of it.
+    save_file({"w": torch.zeros(128 * MiB // 4)}, str(where / "big.safetensors"))
+    save_file({"w": torch.zeros(MiB // 4)}, str(where / "small.safetensors"))
     return {
-        # Covers the h100 profile's 100 MiB window, and falls short of it.
-        "big": write_checkpoint({"w": torch.zeros(128 * MiB // 4)}, "big.safetensors"),
-        "small": write_checkpoint({"w": torch.zeros(MiB // 4)}, "small.safetensors"),
+        "big": where / "big.safetensors",
+        "small": where / "small.safetensors",
         "disabled": disabled,
     }
 

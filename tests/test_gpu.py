@@ -23,6 +23,7 @@ from types import ModuleType
 import pytest
 import torch
 from support.figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
+from support.hosts import hook, runtime
 from support.sums import checksum
 
 import flare_l2evict
@@ -63,7 +64,8 @@ def l2(device: torch.device) -> int:
 
 
 @pytest.fixture
-def weights(device: torch.device) -> Iterator[torch.Tensor]:
+def gpu_weights(device: torch.device) -> Iterator[torch.Tensor]:
+    """256 MiB resident on the GPU under test (support.hosts.weights() is the CPU host's)."""
     tensor = torch.ones(256 * MiB // 4, dtype=torch.float32, device=device)
     yield tensor
     del tensor
@@ -89,13 +91,13 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 @pytest.mark.parametrize("kernel", ["auto", "triton", "torch"])
 def test_read_kernel_is_triton_where_it_loads(
-    l2: int, weights: torch.Tensor, kernel: Kernel
+    l2: int, gpu_weights: torch.Tensor, kernel: Kernel
 ) -> None:
     """Triton where it loads; "auto" picks it only where this process already runs Triton."""
     from flare_l2evict._eviction import triton_started
 
     started = triton_started()
-    plugin = ours(weights, l2, kernel)
+    plugin = ours(gpu_weights, l2, kernel)
     wanted = kernel == "triton" or (kernel == "auto" and started)
     expected = "triton" if wanted and HAS_TRITON else "torch"
     print(f"kernel={kernel}: reads with {plugin.kernel} ({plugin.kernel_note or 'loaded'})")
@@ -129,10 +131,10 @@ def test_read_kernel_code_fits_its_charge() -> None:
 
 
 def test_cold_l2_probe_matches_stock(
-    device: torch.device, measurement: ModuleType, l2: int, weights: torch.Tensor
+    device: torch.device, measurement: ModuleType, l2: int, gpu_weights: torch.Tensor
 ) -> None:
     stock = measurement._l2_flush_fn(device, enabled=True)
-    plugin = ours(weights, l2)
+    plugin = ours(gpu_weights, l2)
     probe = Probe(l2 // 2, device)
     unrelated = torch.ones(1 << 28, dtype=torch.float32, device=device)  # 1 GiB
     sink = torch.empty((), device=device)
@@ -164,13 +166,13 @@ def test_cold_l2_probe_matches_stock(
 
 
 def test_weights_bit_identical_after_1000_evictions(
-    device: torch.device, l2: int, weights: torch.Tensor
+    device: torch.device, l2: int, gpu_weights: torch.Tensor
 ) -> None:
     def digest() -> str:
-        return hashlib.sha256(weights.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+        return hashlib.sha256(gpu_weights.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
     before = digest()
-    plugin = ours(weights, l2)
+    plugin = ours(gpu_weights, l2)
     for _ in range(1000):
         plugin()
     torch.cuda.synchronize(device)
@@ -179,9 +181,9 @@ def test_weights_bit_identical_after_1000_evictions(
 
 @pytest.mark.parametrize("kernel", ["auto", "torch"])
 def test_eviction_is_captured_in_a_cuda_graph(
-    device: torch.device, l2: int, weights: torch.Tensor, kernel: Kernel
+    device: torch.device, l2: int, gpu_weights: torch.Tensor, kernel: Kernel
 ) -> None:
-    plugin = ours(weights, l2, kernel)
+    plugin = ours(gpu_weights, l2, kernel)
     side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
     with torch.cuda.stream(side):
         plugin()  # warm-up outside capture, as capture requires
@@ -197,9 +199,9 @@ def test_eviction_is_captured_in_a_cuda_graph(
 
 @pytest.mark.parametrize("kernel", ["auto", "torch"])
 def test_eviction_allocates_nothing(
-    device: torch.device, l2: int, weights: torch.Tensor, kernel: Kernel
+    device: torch.device, l2: int, gpu_weights: torch.Tensor, kernel: Kernel
 ) -> None:
-    plugin = ours(weights, l2, kernel)
+    plugin = ours(gpu_weights, l2, kernel)
     plugin()
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
@@ -215,14 +217,14 @@ def test_race_picks_the_same_winner(
     device: torch.device,
     measurement: ModuleType,
     l2: int,
-    weights: torch.Tensor,
+    gpu_weights: torch.Tensor,
     cute_guard_stand_in: bool,
 ) -> None:
     from flare_l2evict.tools.reference_host import gemm_candidates, run_race
 
     calls = gemm_candidates(device)
     stock = run_race(calls, device, measurement._l2_flush_fn(device, enabled=True))
-    plugin = run_race(calls, device, ours(weights, l2))
+    plugin = run_race(calls, device, ours(gpu_weights, l2))
     print(f"stock {stock.latencies_us} plugin {plugin.latencies_us}")
     assert stock.winner == plugin.winner == 0
     assert plugin.latencies_us[1] > 2 * plugin.latencies_us[0]
@@ -232,13 +234,13 @@ def test_prepare_race_steps_uses_the_installed_eviction(
     device: torch.device,
     measurement: ModuleType,
     l2: int,
-    weights: torch.Tensor,
+    gpu_weights: torch.Tensor,
     cute_guard_stand_in: bool,
 ) -> None:
     from flare_l2evict.tools.reference_host import gemm_candidates, run_race
 
     install(
-        chosen := choose_weights({"w": weights}, weights.device, stock_window_bytes(l2)),
+        chosen := choose_weights({"w": gpu_weights}, gpu_weights.device, stock_window_bytes(l2)),
         measured(chosen),
     )
     calls = gemm_candidates(device)
@@ -262,15 +264,15 @@ def test_freed_storage_falls_back_to_stock_and_logs(
     device: torch.device,
     measurement: ModuleType,
     l2: int,
-    weights: torch.Tensor,
+    gpu_weights: torch.Tensor,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     install(
-        chosen := choose_weights({"w": weights}, weights.device, stock_window_bytes(l2)),
+        chosen := choose_weights({"w": gpu_weights}, gpu_weights.device, stock_window_bytes(l2)),
         measured(chosen),
     )
     eviction = measurement._l2_flush_fn(device, enabled=True)
-    weights.untyped_storage().resize_(0)
+    gpu_weights.untyped_storage().resize_(0)
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
     with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
@@ -283,19 +285,9 @@ def test_freed_storage_falls_back_to_stock_and_logs(
 def test_storage_on_another_gpu_falls_back(device: torch.device) -> None:
     if torch.cuda.device_count() < 2:
         pytest.skip("needs a second GPU")
-    from flare_l2evict.tools.reference_host import plugin_manager
-    from flare_l2evict.tools.reference_host._host import ReferenceKVAllocator, ReferenceRuntime
-
-    runtime = ReferenceRuntime(
-        device=device,
-        config={},
-        kv_allocator=ReferenceKVAllocator(1024),
-        race_jobs=5,
-        l2_cache_bytes=None,
-        tensors={"w": torch.zeros(1 << 28, device="cuda:1")},
-    )
-    report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
-    assert report.reclaimed_bytes == 0 and "1 other device" in report.reason
+    on_another = {"w": torch.zeros(1 << 28, device="cuda:1")}
+    report = hook(runtime(tensors=on_another, device=device, l2_cache_bytes=None))
+    assert report.reclaimed_bytes == 0 and "1 other device" in (report.reason or "")
 
 
 def test_reference_host_bytes_are_true(

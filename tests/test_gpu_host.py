@@ -12,17 +12,14 @@ from collections.abc import Iterator
 import pytest
 import torch
 from support.figures import OWN, MiB
+from support.hosts import JOBS, complete, hook, runtime
 from support.startups import end_any, installed
 from support.sums import checksum
 
 import flare_l2evict
 import flare_l2evict._eviction
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict.tools.reference_host import (
-    ReferenceKVAllocator,
-    ReferenceRuntime,
-    plugin_manager,
-)
+from flare_l2evict.tools.reference_host import ReferenceRuntime
 
 pytestmark = pytest.mark.gpu
 
@@ -45,14 +42,8 @@ def _finished() -> Iterator[None]:
 
 
 def runtime_for(tensors: dict[str, torch.Tensor], device: torch.device) -> ReferenceRuntime:
-    return ReferenceRuntime(
-        device=device,
-        config={},
-        kv_allocator=ReferenceKVAllocator(1024),
-        race_jobs=5,
-        l2_cache_bytes=None,
-        tensors=tensors,
-    )
+    """The shared host on ``device``, whose L2 size the plugin reads from the device."""
+    return runtime(tensors=tensors, device=device, l2_cache_bytes=None)
 
 
 def run_triton_once(device: torch.device) -> None:
@@ -86,8 +77,8 @@ def test_a_host_under_inference_mode_races_outside_it(
         tensors = {
             "model.layers.0.mlp.experts.w13_weight": torch.ones(512 * MiB // 4, device=device)
         }
-        runtime = runtime_for(tensors, device)
-        (report,) = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)
+        host = runtime_for(tensors, device)
+        report = hook(host)
     expected = "triton" if host_runs_triton else "torch"
     print(f"inference-mode host: {report.summary()}")
     assert report.reclaimed_bytes > 0 and report.read_kernel == expected
@@ -113,21 +104,20 @@ def test_tensors_over_one_cuda_allocation_count_once(
         for i in range(16)
     }
     aliases["owner"] = torch.empty(0, device=device).set_(block)
-    runtime = runtime_for(aliases, device)
-    pm = plugin_manager(["l2evict"])
-    (report,) = pm.hook.before_first_capture(runtime=runtime)
+    host = runtime_for(aliases, device)
+    report = hook(host)
     # One allocation covers the window once: credited, with one region read once.
-    assert report.reclaimed_bytes == 5 * report.stock_buffer_bytes - OWN
+    assert report.reclaimed_bytes == JOBS * report.stock_buffer_bytes - OWN
     (region,) = report.sources
     assert region.storage_bytes == nbytes and region.read_bytes == window
-    held = [measurement_seam(device) for _ in range(runtime.race_jobs)]
+    held = [measurement_seam(device) for _ in range(host.race_jobs)]
     for handle in held:
         handle()
     torch.cuda.synchronize(device)
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
-        audit = pm.hook.startup_complete(runtime=runtime)[0]
+        audit = complete(host)
     print(f"audit: {audit.summary()}")
-    assert audit.peak_alive == runtime.race_jobs and audit.unused_credit_bytes == 0
+    assert audit.peak_alive == host.race_jobs and audit.unused_credit_bytes == 0
     end_any()
     # Half the window over sixteen aliases of one allocation is not a window.
     half = torch.ones(window // 8, device=device).untyped_storage()
@@ -135,7 +125,7 @@ def test_tensors_over_one_cuda_allocation_count_once(
         f"alias.{i}": torch.empty(0, device=device).set_(half[0 : half.nbytes()]) for i in range(16)
     }
     short["owner"] = torch.empty(0, device=device).set_(half)
-    (report,) = pm.hook.before_first_capture(runtime=runtime_for(short, device))
+    report = hook(runtime_for(short, device))
     print(f"16 aliases of {half.nbytes():,} bytes: {report.summary()}")
     assert report.reclaimed_bytes == 0 and "1 eligible storages" in (report.reason or "")
     assert installed() is None
@@ -153,9 +143,7 @@ def test_a_storage_off_a_word_boundary_is_skipped_not_faulted(device: torch.devi
     window = -(-max(2 * l2, 64 * MiB) // 4) * 4
     raw = torch.ones(window + 4096, dtype=torch.uint8, device=device).untyped_storage()
     skewed = torch.empty(0, dtype=torch.uint8, device=device).set_(raw[1 : raw.nbytes()])
-    (report,) = plugin_manager(["l2evict"]).hook.before_first_capture(
-        runtime=runtime_for({"skewed": skewed}, device)
-    )
+    report = hook(runtime_for({"skewed": skewed}, device))
     print(f"a storage at an odd address: {report.summary()}")
     # A storage can only sit off a word boundary by borrowing memory (a slice): it is
     # refused as borrowed before its address is even asked.

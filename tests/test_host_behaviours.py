@@ -32,8 +32,9 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import sys
 import threading
-import time
+import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from support.figures import OWN, MiB
+from support.hosts import CREDIT, JOBS, L2, PM, STOCK_BUFFER, hook, seam_is_ours, weights
 from support.startups import end_any, installed
 from support.sums import checksum, read_bytes
 
@@ -50,33 +52,27 @@ from flare_l2evict import L2EvictError, ReclaimReport
 from flare_l2evict._b12x.proof import measure_basis
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._settings import L2EvictSettings
+from flare_l2evict._startup import Startup
 from flare_l2evict._weights import MAX_TENSORS
 from flare_l2evict.hookspecs import RUNTIME_ATTRIBUTES
 from flare_l2evict.tools._choose_weights import choose_weights, install
-from flare_l2evict.tools.reference_host import plugin_manager
 
 measurement = pytest.importorskip("b12x.preparation._measurement")
-STOCK_SEAM = measurement._l2_flush_fn
-
-L2 = 32 * MiB
-JOBS = 5
-CREDIT = JOBS * 64 * MiB - OWN  # stock's window there is max(2 x 32 MiB, 64 MiB)
 ATTRIBUTES = RUNTIME_ATTRIBUTES
 
 
 @dataclass
 class HostileRuntimeStandIn:
-    """A host runtime that can misbehave: raising properties and slow tensors.
+    """A host runtime that can misbehave: raising properties.
 
-    ``raising`` names the attribute whose read raises; ``slow`` seconds pass in
-    ``resident_tensors()``; ``tensors`` is whatever that returns.
+    ``raising`` names the attribute whose read raises; ``tensors`` is whatever
+    ``resident_tensors()`` returns.
     """
 
     kv_allocator: Any
     tensors: Any
     config: Any = field(default_factory=dict)
     raising: str | None = None
-    slow: float = 0.0
     rank_: Any = 0
     world_size_: Any = 1
     race_jobs_: Any = JOBS
@@ -102,7 +98,6 @@ class HostileRuntimeStandIn:
         return object.__getattribute__(self, name)
 
     def resident_tensors(self) -> Any:
-        time.sleep(self.slow)
         return self.tensors
 
 
@@ -134,37 +129,17 @@ class HostileAllocatorStandIn:
             raise SystemExit(3)
 
 
-def weights(nbytes: int = 128 * MiB) -> dict[str, torch.Tensor]:
-    return {"model.layers.0.mlp.experts.w13_weight": torch.zeros(nbytes // 4)}
-
-
-PM = plugin_manager(["l2evict"])
 _WEIGHTS = object()
 
 
 def hostile(mode: str = "ok", tensors: Any = _WEIGHTS, **kwargs: Any) -> HostileRuntimeStandIn:
+    """The shared host (support.hosts: its PM, weights(), L2 and JOBS) with a hostile shape."""
     allocator = HostileAllocatorStandIn(mode, PM)
     runtime = HostileRuntimeStandIn(
         allocator, weights() if tensors is _WEIGHTS else tensors, **kwargs
     )
     allocator.runtime = runtime
     return runtime
-
-
-def hook(runtime: HostileRuntimeStandIn) -> ReclaimReport:
-    report: ReclaimReport
-    (report,) = PM.hook.before_first_capture(runtime=runtime)
-    return report
-
-
-@pytest.fixture(autouse=True)
-def _finished() -> Iterator[None]:
-    yield
-    end_any()
-
-
-def seam_is_ours() -> bool:
-    return measurement._l2_flush_fn is not STOCK_SEAM
 
 
 # 1. An allocator that applies the credit, then raises: the credit stays backed.
@@ -209,30 +184,48 @@ def test_an_allocator_that_re_enters_the_hook_gets_one_credit() -> None:
     assert runtime.kv_allocator.applied == CREDIT  # the inner call touched no allocator
 
 
-# 3. Two threads at once, with a slow resident_tensors().
-class CallsFromAnotherThreadStandIn(HostileAllocatorStandIn):
-    """An allocator during whose add_reclaimed another thread calls before_first_capture."""
-
-    def __init__(self, other: HostileRuntimeStandIn) -> None:
-        super().__init__()
-        self.other = other
-        self.reports: list[ReclaimReport] = []
-
-    def add_reclaimed(self, report: ReclaimReport) -> None:
-        super().add_reclaimed(report)
-        thread = threading.Thread(target=lambda: self.reports.append(hook(self.other)))
-        thread.start()
-        thread.join()
-
-
+# 3. Two threads at once: the second calls while the first's start-up is under way.
 def test_two_threads_at_once_make_one_credit() -> None:
-    # The second thread calls while the first is inside its start-up (its allocator).
-    second = hostile()
-    first = HostileRuntimeStandIn(CallsFromAnotherThreadStandIn(second), weights())
-    assert hook(first).reclaimed_bytes == CREDIT
-    (refused,) = first.kv_allocator.reports
-    assert refused.reclaimed_bytes == 0 and "concurrent call" in (refused.reason or "")
-    assert first.kv_allocator.applied + second.kv_allocator.applied == CREDIT
+    # The host's code (resident_tensors() included) runs before a start-up begins, so a
+    # slow host cannot hold the first call inside its start-up; the first thread pauses
+    # right after it took the process's slot instead, until the second call returned.
+    runtimes = [hostile(), hostile()]
+    reports: list[ReclaimReport] = []
+    first_began, second_done = threading.Event(), threading.Event()
+    began = Startup.begin.__func__.__code__  # type: ignore[attr-defined]
+
+    def pause_once_begun(frame: types.FrameType, event: str, arg: object) -> Any:
+        if frame.f_code is not began:
+            return None
+        if event == "return":
+            first_began.set()
+            second_done.wait(30)
+        return pause_once_begun
+
+    def first() -> None:
+        sys.settrace(pause_once_begun)
+        try:
+            reports.append(hook(runtimes[0]))
+        finally:
+            sys.settrace(None)
+
+    def second() -> None:
+        try:
+            if first_began.wait(30):
+                reports.append(hook(runtimes[1]))
+        finally:
+            second_done.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert first_began.is_set()
+    assert sorted(r.reclaimed_bytes for r in reports) == [0, CREDIT]
+    refused = next(r for r in reports if r.reclaimed_bytes == 0)
+    assert "concurrent call" in (refused.reason or "")
+    assert sum(r.kv_allocator.applied for r in runtimes) == CREDIT
 
 
 # 4. Storages that overlap in memory count once.
@@ -413,10 +406,10 @@ def test_fewer_evictions_alive_than_race_jobs_is_a_warning_in_bytes(
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
         audit = end_any()
     assert audit.peak_alive == 1 and audit.race_jobs == JOBS
-    assert audit.unused_credit_bytes == (JOBS - 1) * 64 * MiB
+    assert audit.unused_credit_bytes == (JOBS - 1) * STOCK_BUFFER
     (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
     assert line.levelno == logging.WARNING
-    assert f"UNUSED CREDIT {(JOBS - 1) * 64 * MiB:,} bytes" in line.getMessage()
+    assert f"UNUSED CREDIT {(JOBS - 1) * STOCK_BUFFER:,} bytes" in line.getMessage()
     assert "at most 1 evictions alive at once" in line.getMessage()
 
 

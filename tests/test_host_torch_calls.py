@@ -18,18 +18,13 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 from support.figures import MiB
-from support.startups import end_any, installed
+from support.hosts import CREDIT, WEIGHT, complete, hook, runtime, seam
+from support.startups import installed
 
 from flare_l2evict.tools._origin import stock_row
-from flare_l2evict.tools.reference_host import (
-    ReferenceKVAllocator,
-    ReferenceRuntime,
-    plugin_manager,
-)
+from flare_l2evict.tools.reference_host import ReferenceRuntime
 
-measurement = pytest.importorskip(stock_row().module_path)
-PM = plugin_manager(["l2evict"])
-NAME = "model.layers.0.mlp.experts.w13_weight"
+pytest.importorskip(stock_row().module_path)
 
 
 class Expert(torch.nn.Module):
@@ -42,7 +37,6 @@ class Expert(torch.nn.Module):
 def _finished() -> Iterator[None]:
     yield
     torch.__future__.set_swap_module_params_on_conversion(False)
-    end_any()
 
 
 @dataclasses.dataclass
@@ -53,21 +47,12 @@ class ModelRuntimeStandIn(ReferenceRuntime):
 
     def resident_tensors(self) -> dict[str, torch.Tensor]:
         assert self.model is not None
-        return {NAME: self.model.w13_weight}
+        return {WEIGHT: self.model.w13_weight}
 
 
 def started(model: Expert) -> ReferenceRuntime:
-    host = ModelRuntimeStandIn(
-        device=torch.device("cpu"),
-        config={},
-        kv_allocator=ReferenceKVAllocator(1024),
-        race_jobs=1,
-        l2_cache_bytes=8 * MiB,
-        tensors={},
-        model=model,
-    )
-    (report,) = PM.hook.before_first_capture(runtime=host)
-    assert report.reclaimed_bytes > 0
+    host = runtime(tensors={}, kind=ModelRuntimeStandIn, model=model)
+    assert hook(host).reclaimed_bytes == CREDIT
     return host
 
 
@@ -105,11 +90,11 @@ def test_a_host_torch_call_works_as_without_the_plugin_and_the_next_read_falls_b
     host = started(model)
     assert not weakref.getweakrefs(model.w13_weight)  # what swap_tensors refuses
     call(model)  # raises nothing, as without the plugin
-    flush = getattr(measurement, stock_row().function)(torch.device("cpu"), enabled=True)
+    flush = seam()(torch.device("cpu"), enabled=True)  # type: ignore[operator]
     flush()  # the next read: the memory it read was moved away
     installation = installed()
     assert installation is not None
     assert installation.audit().fallback_reason is not None
-    (audit,) = PM.hook.startup_complete(runtime=host)
+    audit = complete(host)
     assert audit.warns and audit.fallback_reason is not None
     assert installed() is None

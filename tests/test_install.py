@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from support.figures import MiB
+from support.hosts import L2, STOCK_BUFFER, seam_is_ours, stock_seam
 from support.startups import installed
 
 from flare_l2evict._b12x.proof import CreditBasis, SeamProof, StockBuffer, prove_seam
@@ -19,13 +19,11 @@ from flare_l2evict._weights import WeightChoice
 from flare_l2evict.tools._choose_weights import choose_weights, install
 
 measurement = pytest.importorskip("b12x.preparation._measurement")
-STOCK = measurement._l2_flush_fn
-STOCK_BUFFER = StockBuffer(64 * MiB, measured=False)
 
 
 def basis(proof: SeamProof | None, fork: Callable[..., Any] | None = None) -> CreditBasis:
     """This device's figures for an installation made outside a start-up (no race jobs)."""
-    return CreditBasis(32 * MiB, 1024, STOCK_BUFFER, 0, proof, fork)
+    return CreditBasis(L2, 1024, StockBuffer(STOCK_BUFFER, measured=False), 0, proof, fork)
 
 
 def choice(device: str = "cpu") -> WeightChoice:
@@ -34,7 +32,7 @@ def choice(device: str = "cpu") -> WeightChoice:
 
 def test_the_installed_b12x_passes_the_proof() -> None:
     proof = prove_seam()
-    assert [original for _, original in proof.seams] == [STOCK]
+    assert [original for _, original in proof.seams] == [stock_seam()]
     assert proof.bindings == ()  # stock b12x looks the seam up at call time everywhere
     assert proof.b12x_version or proof.flashinfer_version
 
@@ -43,7 +41,7 @@ def test_stock_seam_serves_this_device_and_defers_elsewhere() -> None:
     installation = install(choice(), basis(prove_seam()))
     assert installation.mechanism == "stock-seam"
     seam = measurement._l2_flush_fn
-    assert seam is not STOCK
+    assert seam_is_ours()
     handed = seam(torch.device("cpu"), enabled=True)
     assert isinstance(handed, EvictionHandle) and handed.eviction is installation.eviction
     # Disabled calls go to b12x's own function (which returns None).
@@ -57,11 +55,11 @@ def test_stock_seam_serves_this_device_and_defers_elsewhere() -> None:
 def test_restore_puts_stock_back_and_releases() -> None:
     installation = install(choice(), basis(prove_seam()))
     installation.restore()
-    assert measurement._l2_flush_fn is STOCK
+    assert measurement._l2_flush_fn is stock_seam()
     assert installation.eviction.views() == ()
     assert installed() is None
     installation.restore()  # idempotent
-    assert measurement._l2_flush_fn is STOCK
+    assert measurement._l2_flush_fn is stock_seam()
 
 
 def test_installing_twice_is_refused_and_changes_nothing() -> None:
@@ -75,7 +73,7 @@ def test_installing_twice_is_refused_and_changes_nothing() -> None:
 
 def test_the_proof_unwraps_an_installed_seam() -> None:
     install(choice(), basis(prove_seam()))
-    assert prove_seam().original is STOCK
+    assert prove_seam().original is stock_seam()
 
 
 def test_a_changed_seam_is_left_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,7 +108,7 @@ def test_fork_api_is_preferred_when_present(monkeypatch: pytest.MonkeyPatch) -> 
     installation = install(choice(), basis(None, fork=fork_stand_in.use_startup_eviction))
     assert installation.mechanism == "fork"
     assert isinstance(handed[0], torch.Tensor) and handed[0].nbytes == 1024
-    assert measurement._l2_flush_fn is STOCK  # the stock seam is not touched
+    assert measurement._l2_flush_fn is stock_seam()  # the stock seam is not touched
     assert not installation.audit().counted
     installation.restore()
     assert handed[-1] is None
@@ -135,5 +133,5 @@ def test_a_fork_api_of_another_shape_is_refused_before_anything_is_handed(
     with pytest.raises(
         InstallError, match=r"use_startup_eviction has signature .* not \(storage\)"
     ):
-        measure_basis(torch.device("cpu"), 32 * MiB, L2EvictSettings(), 1)
-    assert handed == [] and measurement._l2_flush_fn is STOCK
+        measure_basis(torch.device("cpu"), L2, L2EvictSettings(), 1)
+    assert handed == [] and measurement._l2_flush_fn is stock_seam()

@@ -337,19 +337,40 @@ def test_the_wheel_ships_what_check_reads(wheel: Path) -> None:
     assert "flare_l2evict/py.typed" in names
 
 
+@pytest.fixture(scope="module")
+def without_registry() -> dict[str, subprocess.CompletedProcess[str]]:
+    """One of these tests run by pytest with ``PIP_NO_INDEX=1``, by ``CI`` (unset, true).
+
+    The two runs start together: each spends most of its time importing.
+    """
+    argv = [
+        sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+        f"{__file__}::test_the_wheel_ships_what_check_reads",
+    ]  # fmt: skip
+    started = {
+        ci: subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PIP_NO_INDEX": "1", "CI": ci},
+        )
+        for ci in ("", "true")
+    }
+    done = {}
+    for ci, process in started.items():
+        out, err = process.communicate(timeout=300)
+        done[ci] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return done
+
+
 @pytest.mark.parametrize(("ci", "outcome"), [("", "skipped"), ("true", "error")])
 def test_without_the_registry_these_tests_skip_in_one_line_and_ci_fails(
-    ci: str, outcome: str
+    without_registry: dict[str, subprocess.CompletedProcess[str]], ci: str, outcome: str
 ) -> None:
     """``PIP_NO_INDEX=1``: a skip naming what is missing; with ``CI=true``, an error instead."""
-    done = subprocess.run(
-        [
-            sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-            f"{__file__}::test_the_wheel_ships_what_check_reads",
-        ],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env={**os.environ, "PIP_NO_INDEX": "1", "CI": ci},
-    )  # fmt: skip
+    done = without_registry[ci]
     assert f"1 {outcome}" in done.stdout, done.stdout[-3000:]
     if outcome == "skipped":
         assert done.returncode == 0

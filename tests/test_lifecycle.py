@@ -50,7 +50,8 @@ from typing import Any
 
 import pytest
 import torch
-from support.figures import OWN, MiB
+from support.figures import MiB
+from support.hosts import CREDIT, JOBS, L2, PM, complete, hook, runtime, seam_is_ours
 from support.startups import end_any, installed
 
 import flare_l2evict
@@ -72,59 +73,11 @@ from flare_l2evict._startup import Startup
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
     ReferenceRuntime,
-    plugin_manager,
 )
 
 measurement = pytest.importorskip("b12x.preparation._measurement")
-STOCK_SEAM = measurement._l2_flush_fn
-
-L2 = 8 * MiB  # stock's window there is max(2 x 8 MiB, 64 MiB) = 64 MiB
-JOBS = 3
-CREDIT = JOBS * 64 * MiB - OWN
-PM = plugin_manager(["l2evict"])
 DEADLINE = 120.0  # seconds a child may take before the test calls it a hang
-
-
-def runtime(
-    nbytes: int = 64 * MiB,
-    config: dict[str, Any] | None = None,
-    allocator: Any = None,
-    race_jobs: int = JOBS,
-    kind: type[ReferenceRuntime] = ReferenceRuntime,
-) -> ReferenceRuntime:
-    return kind(
-        device=torch.device("cpu"),
-        config=config or {},
-        kv_allocator=allocator or ReferenceKVAllocator(1024),
-        race_jobs=race_jobs,
-        l2_cache_bytes=L2,
-        tensors={"model.layers.0.mlp.experts.w13_weight": torch.zeros(nbytes // 4)},
-    )
-
-
-def hook(of: Any) -> ReclaimReport:
-    report: ReclaimReport
-    (report,) = PM.hook.before_first_capture(runtime=of)
-    return report
-
-
-def complete(of: Any) -> StartupAudit:
-    audit: StartupAudit
-    (audit,) = PM.hook.startup_complete(runtime=of)
-    return audit
-
-
-def seam_is_ours() -> bool:
-    return measurement._l2_flush_fn is not STOCK_SEAM
-
-
 RAISE = {"plugins": {"l2evict": {"on_error": "raise"}}}
-
-
-@pytest.fixture(autouse=True)
-def _finished() -> Iterator[None]:
-    yield
-    end_any()
 
 
 # 1. A start-up belongs to its runtime.

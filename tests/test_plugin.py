@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from support.figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
+from support.hosts import CREDIT, PM, hook, runtime
 from support.startups import installed
 
 import flare_l2evict
@@ -21,7 +22,7 @@ from flare_l2evict.tools.reference_host import (
     PROFILES,
     DeviceProfile,
     ReferenceHost,
-    ReferenceRuntime,
+    StartupResult,
     example_tensors,
     installed_plugins,
     plugin_manager,
@@ -48,6 +49,12 @@ def gb202_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def without_plugins(gb202_checkpoint: Path) -> StartupResult:
+    """The GB202 start-up with no plugin named: stock's figures, which three tests compare."""
+    return host(plugins=()).start(gb202_checkpoint)
+
+
 def test_entry_point_is_installed_and_loaded_by_name() -> None:
     assert "l2evict" in installed_plugins()
     pm = plugin_manager(["l2evict"])
@@ -55,8 +62,8 @@ def test_entry_point_is_installed_and_loaded_by_name() -> None:
     assert plugin_manager([]).get_plugins() == set()
 
 
-def test_seed_shape_on_gb202(gb202_checkpoint: Path) -> None:
-    without = host(plugins=()).start(gb202_checkpoint)
+def test_seed_shape_on_gb202(gb202_checkpoint: Path, without_plugins: StartupResult) -> None:
+    without = without_plugins
     with_plugin = host().start(gb202_checkpoint)
     assert without.eviction_storage_bytes == 5 * 256 * MiB == 1_342_177_280
     assert with_plugin.eviction_storage_bytes == OUTPUTS  # its own outputs, nothing per job
@@ -97,16 +104,18 @@ def test_no_reference_to_the_weights_after_startup() -> None:
     assert big.expired()  # type: ignore[no-untyped-call]
 
 
-def test_disabled_by_config_leaves_the_budget(gb202_checkpoint: Path) -> None:
-    without = host(plugins=()).start(gb202_checkpoint)
+def test_disabled_by_config_leaves_the_budget(
+    gb202_checkpoint: Path, without_plugins: StartupResult
+) -> None:
+    without = without_plugins
     off = host(config={"plugins": {"l2evict": {"enabled": False}}}).start(gb202_checkpoint)
     assert off.kv_budget_bytes == without.kv_budget_bytes
     assert off.report is not None and off.report.reason is not None
     assert off.report.reason.startswith("disabled by config")
 
 
-def test_not_named_by_plugin_flag_leaves_the_budget(gb202_checkpoint: Path) -> None:
-    assert host(plugins=()).start(gb202_checkpoint).report is None
+def test_not_named_by_plugin_flag_leaves_the_budget(without_plugins: StartupResult) -> None:
+    assert without_plugins.report is None
 
 
 def test_unknown_plugin_is_a_clear_error() -> None:
@@ -114,19 +123,19 @@ def test_unknown_plugin_is_a_clear_error() -> None:
         host(plugins=("l2evcit",))
 
 
-def test_hook_twice_credits_once(make_runtime: Callable[..., ReferenceRuntime]) -> None:
-    runtime = make_runtime({"w": torch.zeros(32 * MiB // 4 * 2)})
-    pm = plugin_manager(["l2evict"])
-    first = pm.hook.before_first_capture(runtime=runtime)[0]
+def test_hook_twice_credits_once() -> None:
+    host_runtime = runtime(tensors={"w": torch.zeros(64 * MiB // 4)})
+    first = hook(host_runtime)
     seam = measurement._l2_flush_fn
-    second = pm.hook.before_first_capture(runtime=runtime)[0]
-    assert first.reclaimed_bytes > 0
-    assert second.reclaimed_bytes == 0 and "repeated call" in second.reason
+    second = hook(host_runtime)
+    assert first.reclaimed_bytes == CREDIT
+    assert second.reclaimed_bytes == 0 and second.reason is not None
+    assert "repeated call" in second.reason
     assert "Startup(stock-seam, 'w' on cpu" in second.reason  # names what is active
     assert measurement._l2_flush_fn is seam
-    assert runtime.kv_allocator.reports == [first]  # the second touched no allocator
-    pm.hook.startup_complete(runtime=runtime)
-    third = pm.hook.before_first_capture(runtime=runtime)[0]  # a new start-up may begin
+    assert host_runtime.kv_allocator.reports == [first]  # the second touched no allocator
+    PM.hook.startup_complete(runtime=host_runtime)
+    third = hook(host_runtime)  # a new start-up may begin
     assert third.reclaimed_bytes == first.reclaimed_bytes
 
 
@@ -139,15 +148,13 @@ def test_hook_twice_credits_once(make_runtime: Callable[..., ReferenceRuntime]) 
     ],
 )
 def test_fallbacks_report_zero_with_the_reason(
-    make_runtime: Callable[..., ReferenceRuntime],
     tensors: dict[str, torch.Tensor],
     reason: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    pm = plugin_manager(["l2evict"])
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
-        report = pm.hook.before_first_capture(runtime=make_runtime(tensors))[0]
-    assert report.reclaimed_bytes == 0 and reason in report.reason
+        report = hook(runtime(tensors=tensors))
+    assert report.reclaimed_bytes == 0 and reason in (report.reason or "")
     assert report.mechanism == "none"
     assert measurement._l2_flush_fn.__name__ == "_l2_flush_fn"
     assert installed() is None
@@ -156,44 +163,41 @@ def test_fallbacks_report_zero_with_the_reason(
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_a_cuda_device_without_cuda_names_runtime_device(
-    make_runtime: Callable[..., ReferenceRuntime],
-) -> None:
-    runtime = make_runtime({"embed": torch.zeros(1 << 24)}, device="cuda:0")
-    report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
-    assert report.reclaimed_bytes == 0 and "runtime.device = device(type='cuda'" in report.reason
+def test_a_cuda_device_without_cuda_names_runtime_device() -> None:
+    host_runtime = runtime(tensors={"embed": torch.zeros(1 << 24)}, device="cuda:0")
+    report = hook(host_runtime)
+    assert report.reclaimed_bytes == 0 and report.reason is not None
+    assert "runtime.device = device(type='cuda'" in report.reason
     assert "CUDA is not available here" in report.reason
 
 
-def test_bad_config_in_the_hook_falls_back(make_runtime: Callable[..., ReferenceRuntime]) -> None:
-    runtime = make_runtime({"w": torch.zeros(1 << 25)}, config={"plugins": {"l2evict": {"x": 1}}})
-    report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
-    assert report.reclaimed_bytes == 0 and "unknown key" in report.reason
-    assert runtime.kv_allocator.reclaimed_bytes == 0
+def test_bad_config_in_the_hook_falls_back() -> None:
+    host_runtime = runtime(
+        tensors={"w": torch.zeros(1 << 25)}, config={"plugins": {"l2evict": {"x": 1}}}
+    )
+    report = hook(host_runtime)
+    assert report.reclaimed_bytes == 0 and "unknown key" in (report.reason or "")
+    assert host_runtime.kv_allocator.reclaimed_bytes == 0
 
 
-def test_on_error_raise_restores_then_raises(
-    make_runtime: Callable[..., ReferenceRuntime], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_on_error_raise_restores_then_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken_allocator_stand_in(*_a: object, **_k: object) -> None:
         raise RuntimeError("torch said no")
 
     monkeypatch.setattr(WeightEviction, "__init__", broken_allocator_stand_in)
-    runtime = make_runtime(
-        {"w": torch.zeros(1 << 25)}, config={"plugins": {"l2evict": {"on_error": "raise"}}}
+    host_runtime = runtime(
+        tensors={"w": torch.zeros(1 << 25)}, config={"plugins": {"l2evict": {"on_error": "raise"}}}
     )
     with pytest.raises(L2EvictError, match=r"on_error = 'raise'.*torch said no"):
-        plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)
+        hook(host_runtime)
     assert installed() is None
-    assert runtime.kv_allocator.reclaimed_bytes == 0
+    assert host_runtime.kv_allocator.reclaimed_bytes == 0
 
 
-def test_install_line_names_tensor_device_and_bytes(
-    make_runtime: Callable[..., ReferenceRuntime], caplog: pytest.LogCaptureFixture
-) -> None:
-    runtime = make_runtime({"model.layers.0.w": torch.zeros(1 << 25)})
+def test_install_line_names_tensor_device_and_bytes(caplog: pytest.LogCaptureFixture) -> None:
+    host_runtime = runtime(tensors={"model.layers.0.w": torch.zeros(1 << 25)})
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
-        plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)
+        hook(host_runtime)
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert "'model.layers.0.w'" in line and "on cpu" in line
-    assert f"{5 * 64 * MiB - OWN:,} bytes" in line
+    assert f"{CREDIT:,} bytes" in line

@@ -37,6 +37,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
@@ -223,17 +224,44 @@ def test_the_two_setup_commands_are_what_ci_runs() -> None:
     assert "\npython -m pytest\n" in ci
 
 
-def _demo() -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "flare_l2evict", "startup", "--plugin", "l2evict"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+DEMO = [sys.executable, "-m", "flare_l2evict", "startup", "--plugin", "l2evict"]
+"""The README's setup command, as a fresh process runs it."""
 
 
-def test_the_setup_command_prints_its_log_lines_and_each_fact_once_per_stream() -> None:
-    done = _demo()
+@dataclass(frozen=True)
+class FreshRuns:
+    """What fresh processes printed: the setup command, and each ``python`` snippet."""
+
+    demo: subprocess.CompletedProcess[str]
+    snippets: dict[str, subprocess.CompletedProcess[str]]  # by the snippet's Block.where
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> FreshRuns:
+    """Each fresh process run once for the module, all at once (each waits on its imports).
+
+    Several tests read the same run: the setup command's stdout and its log, a
+    snippet's exit code and its output. Each snippet runs in an empty directory.
+    """
+    started = {"demo": subprocess.Popen(DEMO, stdout=PIPE, stderr=PIPE, text=True)}
+    for block in blocks("python"):
+        where = tmp_path_factory.mktemp("snippet")
+        started[block.where] = subprocess.Popen(
+            [sys.executable, "-c", block.text], stdout=PIPE, stderr=PIPE, text=True, cwd=where
+        )
+    done = {}
+    for name, process in started.items():
+        out, err = process.communicate(timeout=300)
+        done[name] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    demo = done.pop("demo")
+    assert demo.returncode == 0, demo.stderr[-2000:]
+    return FreshRuns(demo, done)
+
+
+def test_the_setup_command_prints_its_log_lines_and_each_fact_once_per_stream(
+    fresh: FreshRuns,
+) -> None:
+    done = fresh.demo
     logs = [block for block in blocks("text", "log")]
     assert logs
     for block in logs:
@@ -268,9 +296,10 @@ def test_shown_output_is_what_its_command_prints(
     workdir: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    fresh: FreshRuns,
 ) -> None:
     if command.argv == ["flare-l2evict", "startup", "--plugin", "l2evict"]:
-        out = _demo().stdout  # the setup command, as a fresh process runs it
+        out = fresh.demo.stdout  # the setup command, as a fresh process runs it
     else:
         capsys.readouterr()
         assert run(command, workdir, monkeypatch) == command.exit_code, command.where
@@ -279,13 +308,11 @@ def test_shown_output_is_what_its_command_prints(
 
 
 def test_the_readme_snippet_logs_what_it_shows_once_and_never_advises_zero_jobs(
-    tmp_path: Path,
+    fresh: FreshRuns,
 ) -> None:
     snippet = next(b for b in blocks("python") if "startup_complete" in b.text)
     (shown,) = blocks("text", "stderr")
-    done = subprocess.run(
-        [sys.executable, "-c", snippet.text], capture_output=True, text=True, cwd=tmp_path
-    )
+    done = fresh.snippets[snippet.where]
     assert done.returncode == 0, done.stderr[-2000:]
     # The log is the snippet's only output: each fact once, with its level.
     assert done.stdout == "" and done.stderr == shown.text
@@ -298,14 +325,12 @@ def test_the_readme_snippet_logs_what_it_shows_once_and_never_advises_zero_jobs(
     assert "must route that logger at INFO" in README.read_text(encoding="utf-8")
 
 
-def test_the_without_flare_snippet_shows_its_whole_output(tmp_path: Path) -> None:
+def test_the_without_flare_snippet_shows_its_whole_output(fresh: FreshRuns) -> None:
     # Issue 27: every line a program sees names its own arguments and its with block.
     snippet = next(b for b in blocks("python") if "evicting_from" in b.text)
     (shown,) = blocks("text", "stdout")
     assert shown.line > snippet.line
-    done = subprocess.run(
-        [sys.executable, "-c", snippet.text], capture_output=True, text=True, cwd=tmp_path
-    )
+    done = fresh.snippets[snippet.where]
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == shown.text and done.stderr == ""
     assert "runtime" not in done.stdout and "startup_complete" not in done.stdout
@@ -383,13 +408,11 @@ def test_readme_bench_flags_are_the_bench_help_flags() -> None:
     assert _usage_flags(_readme_usage(PROG)) == _help_flags(parser())
 
 
-def test_every_python_snippet_runs(tmp_path: Path) -> None:
+def test_every_python_snippet_runs(fresh: FreshRuns) -> None:
     snippets = blocks("python")
-    assert snippets
+    assert snippets and set(fresh.snippets) == {block.where for block in snippets}
     for block in snippets:
-        done = subprocess.run(
-            [sys.executable, "-c", block.text], capture_output=True, text=True, cwd=tmp_path
-        )
+        done = fresh.snippets[block.where]
         assert done.returncode == 0, f"{block.where}: {done.stderr[-2000:]}"
 
 

@@ -17,21 +17,16 @@ from support.fake_b12x import (
     write_fake,
     write_moved_fake,
 )
-from support.figures import MiB
+from support.hosts import JOBS, L2, PM, hook, runtime, weights
 from support.startups import end_any, installed
 
 from flare_l2evict import ReclaimReport, StartupAudit
 from flare_l2evict._b12x import table as _seam_table
 from flare_l2evict._credit import CREDIT_OVERHEAD_BYTES
 from flare_l2evict._eviction import EvictionHandle
-from flare_l2evict.tools.reference_host import ReferenceRuntime, plugin_manager
-
-L2 = 8 * MiB  # the fakes' L2; stock's window is then max(16 MiB, 64 MiB) = 64 MiB
-JOBS = 3
 
 
 def start(
-    make_runtime: Callable[..., ReferenceRuntime],
     tensors: dict[str, torch.Tensor],
     seam: str = "preparation._measurement",
 ) -> tuple[ReclaimReport, int, list[Callable[[], object]], StartupAudit]:
@@ -40,29 +35,28 @@ def start(
     job_evictions(JOBS)  # stock: what the jobs allocate without the plugin
     stock_bytes = sum(measurement.ALLOCATED)
     measurement.ALLOCATED.clear()
-    runtime = make_runtime(tensors, l2_cache_bytes=L2, race_jobs=JOBS)
-    pm = plugin_manager(["l2evict"])
-    report = pm.hook.before_first_capture(runtime=runtime)[0]
+    host = runtime(tensors=tensors)  # the fakes' L2 is the shared host's
+    report = hook(host)
     measurement.ALLOCATED.clear()  # the proof's own measurement is freed before the races
     evictions = job_evictions(JOBS)
     saved = stock_bytes - sum(measurement.ALLOCATED)
-    audit = pm.hook.startup_complete(runtime=runtime)[0]
+    audit = PM.hook.startup_complete(runtime=host)[0]
     return report, saved, evictions, audit
 
 
 @pytest.fixture
-def weights() -> dict[str, torch.Tensor]:
-    return {"model.layers.0.mlp.experts.w13_weight": torch.zeros(128 * MiB // 4)}
+def resident() -> dict[str, torch.Tensor]:
+    """A fresh mapping of the shared host's weights, for each test."""
+    return weights()
 
 
 def test_stock_shaped_fake_is_served_and_credited_exactly(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    make_runtime: Callable[..., ReferenceRuntime],
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2))
-    report, saved, evictions, audit = start(make_runtime, weights)
+    report, saved, evictions, audit = start(resident)
     assert all(isinstance(e, EvictionHandle) for e in evictions)
     assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
@@ -71,11 +65,10 @@ def test_stock_shaped_fake_is_served_and_credited_exactly(
 def test_a_session_that_binds_the_seam_at_import_is_redirected_too(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    make_runtime: Callable[..., ReferenceRuntime],
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, session=SESSION_BOUND_AT_IMPORT))
-    report, saved, evictions, _ = start(make_runtime, weights)
+    report, saved, evictions, _ = start(resident)
     assert all(isinstance(e, EvictionHandle) for e in evictions)
     assert 0 < report.reclaimed_bytes <= saved
     session = __import__("b12x.preparation.session").preparation.session
@@ -86,11 +79,10 @@ def test_a_session_that_binds_the_seam_at_import_is_redirected_too(
 def test_a_buffer_of_three_l2_is_measured_not_assumed(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    make_runtime: Callable[..., ReferenceRuntime],
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, factor=3))
-    report, saved, _, _ = start(make_runtime, weights)
+    report, saved, _, _ = start(resident)
     assert report.stock_buffer_bytes == 3 * L2 + 4  # its buffer and its 0-d output
     assert 0 < report.reclaimed_bytes <= saved
 
@@ -98,12 +90,11 @@ def test_a_buffer_of_three_l2_is_measured_not_assumed(
 def test_a_buffer_of_one_l2_is_credited_at_one_l2(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    make_runtime: Callable[..., ReferenceRuntime],
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     # The formula would say 64 MiB per job; this release allocates 8 MiB.
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, factor=1))
-    report, saved, _, _ = start(make_runtime, weights)
+    report, saved, _, _ = start(resident)
     assert report.stock_buffer_bytes == L2 + 4
     assert report.reclaimed_bytes <= saved
 
@@ -120,16 +111,15 @@ def test_a_buffer_of_one_l2_is_credited_at_one_l2(
 def test_a_release_the_plugin_cannot_serve_is_refused_and_credited_zero(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    make_runtime: Callable[..., ReferenceRuntime],
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
     fault: dict[str, Any],
     reason: str,
 ) -> None:
     use_fake(monkeypatch, write_fake(tmp_path, l2=L2, **fault))
-    runtime = make_runtime(weights, l2_cache_bytes=L2, race_jobs=JOBS)
-    report = plugin_manager(["l2evict"]).hook.before_first_capture(runtime=runtime)[0]
-    assert report.reclaimed_bytes == 0 and reason in report.reason
-    assert runtime.kv_allocator.reclaimed_bytes == 0
+    host = runtime(tensors=resident)
+    report = hook(host)
+    assert report.reclaimed_bytes == 0 and reason in (report.reason or "")
+    assert host.kv_allocator.reclaimed_bytes == 0
     assert installed() is None
     end_any()
 
@@ -137,20 +127,18 @@ def test_a_release_the_plugin_cannot_serve_is_refused_and_credited_zero(
 def test_weights_freed_mid_startup_show_as_a_shortfall_in_the_audit(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    make_runtime: Callable[..., ReferenceRuntime],
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     measurement = use_fake(monkeypatch, write_fake(tmp_path, l2=L2))
-    runtime = make_runtime(weights, l2_cache_bytes=L2, race_jobs=JOBS)
-    pm = plugin_manager(["l2evict"])
-    report = pm.hook.before_first_capture(runtime=runtime)[0]
+    host = runtime(tensors=resident)
+    report = hook(host)
     measurement.ALLOCATED.clear()
     (eviction,) = job_evictions(1)
-    next(iter(weights.values())).untyped_storage().resize_(0)
+    next(iter(resident.values())).untyped_storage().resize_(0)
     eviction()  # the weights are gone: this race makes stock's buffer after all
     with caplog.at_level("INFO", logger="flare_l2evict"):
-        audit = pm.hook.startup_complete(runtime=runtime)[0]
+        audit = PM.hook.startup_complete(runtime=host)[0]
     (cpu,) = audit.devices
     assert (cpu.requested, cpu.served_by_weights, cpu.stock_buffers) == (1, 1, 1)
     assert cpu.stock_bytes == sum(measurement.ALLOCATED) == report.stock_buffer_bytes
@@ -164,8 +152,7 @@ def test_weights_freed_mid_startup_show_as_a_shortfall_in_the_audit(
 def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    make_runtime: Callable[..., ReferenceRuntime],
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     """The seam is data: a release that moved it to another module and name needs one row."""
     use_fake(
@@ -173,7 +160,7 @@ def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
         write_moved_fake(tmp_path, l2=L2, module="_cold", function="_cold_l2"),
         seam="preparation._cold",
     )
-    report, _, evictions, _ = start(make_runtime, weights, seam="preparation._cold")
+    report, _, evictions, _ = start(resident, seam="preparation._cold")
     assert report.reclaimed_bytes == 0  # unknown to the table: refused, stock kept
     assert "b12x.preparation._measurement" in (report.reason or "")
     assert not any(isinstance(e, EvictionHandle) for e in evictions)
@@ -193,7 +180,7 @@ def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
     cold: Any = importlib.import_module("b12x.preparation._cold")
     evictions.clear()
     cold.ALLOCATED.clear()  # the refused start-up's stock buffers
-    report, saved, evictions, audit = start(make_runtime, weights, seam="preparation._cold")
+    report, saved, evictions, audit = start(resident, seam="preparation._cold")
     assert all(isinstance(e, EvictionHandle) for e in evictions)
     assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES > 0
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
@@ -203,13 +190,12 @@ def test_a_release_whose_seam_moved_is_supported_by_adding_one_row(
 def test_a_release_whose_seam_changed_its_signature_is_supported_by_adding_one_row(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    make_runtime: Callable[..., ReferenceRuntime],
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     """The calling convention is data too: a seam taking ``(*, enabled, device)`` is one row."""
     fake = write_moved_fake(tmp_path, l2=L2, module="_cold", function="_cold_l2", keywords=True)
     use_fake(monkeypatch, fake, seam="preparation._cold")
-    report, _, evictions, _ = start(make_runtime, weights, seam="preparation._cold")
+    report, _, evictions, _ = start(resident, seam="preparation._cold")
     assert report.reclaimed_bytes == 0 and not any(isinstance(e, EvictionHandle) for e in evictions)
     changed = _seam_table.SeamRow(
         name="a b12x whose seam moved and takes keywords only (fake)",
@@ -227,7 +213,7 @@ def test_a_release_whose_seam_changed_its_signature_is_supported_by_adding_one_r
     cold: Any = importlib.import_module("b12x.preparation._cold")
     evictions.clear()
     cold.ALLOCATED.clear()
-    report, saved, evictions, audit = start(make_runtime, weights, seam="preparation._cold")
+    report, saved, evictions, audit = start(resident, seam="preparation._cold")
     assert all(isinstance(e, EvictionHandle) for e in evictions)
     assert report.reclaimed_bytes == saved - CREDIT_OVERHEAD_BYTES > 0
     assert (audit.devices[0].served_by_weights, audit.shortfall_bytes) == (JOBS, 0)
@@ -237,8 +223,7 @@ def test_a_release_whose_seam_changed_its_signature_is_supported_by_adding_one_r
 def test_a_stock_buffer_that_cannot_be_sized_credits_nothing(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    make_runtime: Callable[..., ReferenceRuntime],
-    weights: dict[str, torch.Tensor],
+    resident: dict[str, torch.Tensor],
 ) -> None:
     # The seam's call works, but its closure holds a tensor whose storage cannot be read:
     # what stock allocates is unknown, so no credit rests on the formula instead.
@@ -255,8 +240,6 @@ def test_a_stock_buffer_that_cannot_be_sized_credits_nothing(
     assert text.count("\n    def flush():") == 1
     seam.write_text(text.replace("\n    def flush():", opaque))
     use_fake(monkeypatch, root)
-    report = plugin_manager(["l2evict"]).hook.before_first_capture(
-        runtime=make_runtime(weights, l2_cache_bytes=L2, race_jobs=JOBS)
-    )[0]
+    report = hook(runtime(tensors=resident))
     assert report.reclaimed_bytes == 0 and "no storage" in (report.reason or "")
     assert installed() is None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,17 +24,22 @@ MiB = 1 << 20
 SMALL = 2_000
 
 
-@pytest.fixture
-def model(write_checkpoint: Callable[..., Path]) -> Path:
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One checkpoint for the module (170 MiB in 2,002 tensors); the commands only read it."""
+    from safetensors.torch import save_file
+
     tensors = {f"model.layers.{i}.norm.weight": torch.zeros(64) for i in range(SMALL)}
     tensors["model.embed_tokens.weight"] = torch.zeros(80 * MiB // 4)
     tensors["lm_head.weight"] = torch.zeros(90 * MiB // 4)
-    return write_checkpoint(tensors)
+    path = tmp_path_factory.mktemp("verbose") / "model.safetensors"
+    save_file(tensors, str(path))
+    return path
 
 
-@pytest.fixture
-def config(tmp_path: Path) -> Path:
-    path = tmp_path / "deploy.toml"
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("verbose-config") / "deploy.toml"
     path.write_text('[plugins.l2evict]\nexclude = ["lm_head*"]\n')
     return path
 

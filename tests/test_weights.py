@@ -36,6 +36,7 @@ import torch
 import torch.utils.dlpack
 from support.figures import MiB
 from support.freed_memory import freed
+from support.hosts import complete, hook, runtime
 from support.startups import eviction_of, installed
 from support.sums import total_bytes
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -46,28 +47,9 @@ from flare_l2evict._text import described_value
 from flare_l2evict._weights import storages_of, weight_choice
 from flare_l2evict.tools._choose_weights import choose_weights
 from flare_l2evict.tools._origin import stock_row
-from flare_l2evict.tools.reference_host import (
-    ReferenceKVAllocator,
-    ReferenceRuntime,
-    plugin_manager,
-)
+from flare_l2evict.tools.reference_host import ReferenceRuntime
 
 measurement = pytest.importorskip(stock_row().module_path)
-PM = plugin_manager(["l2evict"])
-L2 = 8 * MiB  # stock's window: 64 MiB
-
-
-def runtime(
-    tensors: Any, allocator: Any = None, kind: type[ReferenceRuntime] = ReferenceRuntime
-) -> ReferenceRuntime:
-    return kind(
-        device=torch.device("cpu"),
-        config={},
-        kv_allocator=allocator or ReferenceKVAllocator(1024),
-        race_jobs=2,
-        l2_cache_bytes=L2,
-        tensors=tensors,
-    )
 
 
 def test_counts_storages_not_tensors() -> None:
@@ -287,8 +269,8 @@ class LazyStorageTensorStandIn(torch.Tensor):
 
 def test_a_subclass_cannot_answer_for_its_storage() -> None:
     lazy = torch.zeros(16).as_subclass(LazyStorageTensorStandIn)  # 64 bytes really held
-    host = runtime({"w": lazy})
-    (report,) = PM.hook.before_first_capture(runtime=host)
+    host = runtime(tensors={"w": lazy})
+    report = hook(host)
     assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
     assert "64 distinct bytes" in (report.reason or "")
 
@@ -302,8 +284,8 @@ class CopyingRuntimeStandIn(ReferenceRuntime):
 
 def test_fresh_copies_from_resident_tensors_are_not_credited() -> None:
     weight = torch.zeros(128 * MiB // 4).view(-1, 1024).t()  # non-contiguous: .contiguous() copies
-    host = runtime({"w": weight}, kind=CopyingRuntimeStandIn)
-    (report,) = PM.hook.before_first_capture(runtime=host)
+    host = runtime(tensors={"w": weight}, kind=CopyingRuntimeStandIn)
+    report = hook(host)
     assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
     assert (report.reason or "").startswith("nothing but the plugin holds the storage of 'w'")
     assert "fix: resident_tensors() must return the tensors" in (report.reason or "")
@@ -313,8 +295,8 @@ def test_fresh_copies_from_resident_tensors_are_not_credited() -> None:
 
 def test_the_hosts_own_tensors_are_credited_and_dropping_them_later_falls_back() -> None:
     weights = {"w": torch.zeros(128 * MiB // 4)}
-    host = runtime(weights)
-    (report,) = PM.hook.before_first_capture(runtime=host)
+    host = runtime(tensors=weights)
+    report = hook(host)
     assert report.reclaimed_bytes > 0  # held by the host: credited as before
     startup = installed()
     assert startup is not None
@@ -322,7 +304,7 @@ def test_the_hosts_own_tensors_are_credited_and_dropping_them_later_falls_back()
     eviction()  # reads the weights
     weights.clear()  # the host drops them: only the plugin would keep them alive
     eviction()
-    audit = PM.hook.startup_complete(runtime=host)[0]
+    audit = complete(host)
     assert audit.fallback_reason is not None
     assert audit.fallback_reason.startswith("nothing but the plugin holds the storage of 'w'")
 
@@ -335,10 +317,10 @@ def test_weights_the_host_holds_by_other_handles_are_still_the_hosts(kept: str) 
     storage = base.untyped_storage()
     model = {"w": base}
     tensors = {"w": torch.empty(0).set_(storage)} if kept == "storage-object" else {}
-    host = runtime(tensors)
+    host = runtime(tensors=tensors)
     if kept == "aliases":
         host.tensors = {"w": model["w"].data}  # a new alias each time the host builds it
-    (report,) = PM.hook.before_first_capture(runtime=host)
+    report = hook(host)
     assert report.reclaimed_bytes > 0, report.reason
     host.tensors = {}
     del tensors, base
@@ -347,7 +329,7 @@ def test_weights_the_host_holds_by_other_handles_are_still_the_hosts(kept: str) 
     startup = installed()
     assert startup is not None
     eviction_of(startup)()
-    audit = PM.hook.startup_complete(runtime=host)[0]
+    audit = complete(host)
     assert audit.fallback_reason is None and audit.shortfall_bytes == 0, audit.summary()
     assert storage.nbytes() == 128 * MiB
 
@@ -368,18 +350,18 @@ class RecordingModeStandIn(TorchDispatchMode):  # type: ignore[no-untyped-call]
 def test_a_mode_that_recorded_the_hooks_ops_does_not_make_the_hosts_weights_look_dropped() -> None:
     model = torch.nn.Module()
     model.w = torch.nn.Parameter(torch.zeros(128 * MiB // 4), requires_grad=False)
-    host = runtime({})
+    host = runtime(tensors={})
     host.tensors = dict(model.named_parameters())
     recorder = RecordingModeStandIn()
     with recorder:
-        (report,) = PM.hook.before_first_capture(runtime=host)
+        report = hook(host)
     assert recorder.seen  # it saw the plugin's own ops (its views) while the hook ran
     recorder.seen.clear()  # the recorder is flushed; the model keeps its parameter
     host.tensors = {}
     startup = installed()
     assert report.reclaimed_bytes > 0 and startup is not None, report.reason
     eviction_of(startup)()
-    audit = PM.hook.startup_complete(runtime=host)[0]
+    audit = complete(host)
     assert audit.fallback_reason is None and audit.shortfall_bytes == 0, audit.summary()
 
 
@@ -395,8 +377,8 @@ class CopyingInACycleRuntimeStandIn(ReferenceRuntime):
 
 def test_a_copy_kept_only_by_a_reference_cycle_is_not_credited() -> None:
     weight = torch.zeros(128 * MiB // 4).view(-1, 1024).t()
-    host = runtime({"w": weight}, kind=CopyingInACycleRuntimeStandIn)
-    (report,) = PM.hook.before_first_capture(runtime=host)
+    host = runtime(tensors={"w": weight}, kind=CopyingInACycleRuntimeStandIn)
+    report = hook(host)
     assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
     assert (report.reason or "").startswith("nothing but the plugin holds the storage of 'w'")
 
@@ -429,9 +411,9 @@ class BlockingMappingStandIn(Mapping[str, object]):
 def test_odd_values_are_named_by_their_type(value: object) -> None:
     text = described_value(value, 80)
     assert text == f"<a {type(value).__name__}>"
-    host = runtime({})
+    host = runtime(tensors={})
     host.tensors = value  # type: ignore[assignment]
-    (report,) = PM.hook.before_first_capture(runtime=host)
+    report = hook(host)
     assert report.reclaimed_bytes == 0 and "\n" not in (report.reason or "")
 
 

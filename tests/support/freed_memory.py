@@ -2,7 +2,10 @@
 
 Run as ``python tests/support/freed_memory.py KIND DEVICE``, in a process of its own so
 that a regression (a read of freed memory: SIGSEGV on a CPU, an illegal memory
-access on a GPU) fails the calling test instead of ending pytest. Real pluggy,
+access on a GPU) fails the calling test instead of ending pytest. On a CPU,
+``python tests/support/freed_memory.py --each cpu KIND...`` runs each kind in a
+process of its own too, forked from one that imported torch once (a few seconds
+per kind saved); a crash there fails only that kind's test. Real pluggy,
 the real plugin, b12x's real seam (``_l2_flush_fn``) and real torch; the host's
 runtime is the reference host's. Prints one JSON line: the report, the audit,
 and how many WARNING lines the eviction logged.
@@ -35,12 +38,14 @@ On CUDA the freed memory is handed back with ``torch.cuda.empty_cache()`` and a
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import subprocess
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -82,29 +87,52 @@ FREED = [
     "dropped",
 ]
 """The kinds that free, move or re-point the weights the hook saw."""
+ON_CPU = ("none", *FREED, "slice-alone")
+"""The kinds the CPU tests ask for: run together, each in a forked process (:func:`freed`)."""
 
 
 def freed(kind: str, device: str = "cpu") -> dict[str, Any]:
     """This script's result for ``kind`` on ``device``, run in a process of its own.
 
     A crash there (a read of freed memory) fails the caller's assertion instead
-    of ending the test run; so does a hang (a 300 s guard).
+    of ending the test run; so does a hang (a 300 s guard). On a CPU, the kinds
+    of :data:`ON_CPU` are run once for the whole test run, each forked from one
+    process (:func:`_each_on_cpu`), and a crash fails only its own kind.
     """
+    if device == "cpu" and kind in ON_CPU:
+        outcomes, stderr = _each_on_cpu()
+        outcome = outcomes[kind]
+        assert outcome["exit"] == 0, f"{kind}: exit {outcome['exit']}; {stderr[-3000:]}"
+        result: dict[str, Any] = outcome["result"]
+        return result
+    done = _script(kind, device)
+    assert "illegal memory access" not in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+@functools.cache
+def _each_on_cpu() -> tuple[dict[str, Any], str]:
+    """Every :data:`ON_CPU` kind's exit status and result, and the runs' stderr together."""
+    done = _script("--each", "cpu", *ON_CPU)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcomes: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return outcomes, done.stderr
+
+
+def _script(*arguments: str) -> subprocess.CompletedProcess[str]:
     here = Path(__file__).parent
     checkout = here.parents[1]  # tests/support/ -> the checkout, whose package the child imports
     path = os.pathsep.join([str(checkout), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, str(here / "freed_memory.py"), kind, device],
+    return subprocess.run(
+        [sys.executable, str(here / "freed_memory.py"), *arguments],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
         env={**os.environ, "PYTHONPATH": path},
     )
-    assert "illegal memory access" not in done.stderr, done.stderr[-3000:]
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    return result
 
 
 class _Count(logging.Handler):
@@ -229,5 +257,41 @@ def main(kind: str, device_name: str) -> dict[str, Any]:
     }
 
 
+def each(device_name: str, kinds: list[str]) -> dict[str, Any]:
+    """Each kind's exit status and result, each run in a child forked from this process.
+
+    This process has imported torch and b12x's seam module but run no torch work (no
+    thread pool yet): each child starts as a fresh process would after its imports.
+    """
+    from b12x.preparation import _measurement  # noqa: F401  # imported once, before the forks
+
+    outcomes: dict[str, Any] = {}
+    for kind in kinds:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: one kind, its result on the pipe, out without cleanup
+            os.close(read)
+            code = 1
+            try:
+                with os.fdopen(write, "w") as pipe:
+                    pipe.write(json.dumps(main(kind, device_name)))
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            text = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        exit_code = os.waitstatus_to_exitcode(status)
+        outcomes[kind] = {"exit": exit_code, "result": json.loads(text) if exit_code == 0 else None}
+    return outcomes
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2])))
+    if sys.argv[1] == "--each":
+        print(json.dumps(each(sys.argv[2], sys.argv[3:])))
+    else:
+        print(json.dumps(main(sys.argv[1], sys.argv[2])))

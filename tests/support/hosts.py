@@ -7,12 +7,14 @@ window is ``max(2 x L2, 64 MiB)`` = 64 MiB per race job, so ``JOBS`` race jobs c
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
 import torch
 
 from flare_l2evict import ReclaimReport, StartupAudit
+from flare_l2evict._b12x.proof import MARK
 from flare_l2evict.tools._origin import stock_row
 from flare_l2evict.tools.reference_host import (
     ReferenceKVAllocator,
@@ -27,6 +29,7 @@ STOCK_BUFFER = 64 * MiB
 CREDIT = JOBS * STOCK_BUFFER - OWN
 WEIGHT = "model.layers.0.mlp.experts.w13_weight"
 PM = plugin_manager(["l2evict"])
+_WEIGHTS: Any = object()  # runtime()'s default tensors: weights(nbytes); None is a host's value
 
 
 def measurement() -> Any:
@@ -39,9 +42,38 @@ def seam() -> object:
     return getattr(measurement(), stock_row().function)
 
 
+def stock_seam() -> object:
+    """Stock b12x's own eviction function, found under the plugin's replacement if bound."""
+    return _stock_of(measurement())
+
+
+@functools.cache
+def _stock_of(module: Any) -> object:
+    # Kept per module object from its first look, so a later look cannot mistake a
+    # stranger's function bound there for stock's.
+    found = getattr(module, stock_row().function)
+    while getattr(found, MARK, False):
+        found = found.__wrapped__  # each replacement of the plugin's wraps what it replaced
+    return found
+
+
+try:  # kept at collection, before any test can bind a stand-in there
+    stock_seam()
+except ImportError:
+    pass  # no b12x here: the tests that need its seam skip
+
+
 def seam_is_ours() -> bool:
-    """Whether b12x's races read the plugin's eviction (the seam is replaced)."""
-    return bool(getattr(seam(), "__flare_l2evict__", False))
+    """Whether b12x's races read the plugin's eviction.
+
+    ``True`` only for the plugin's replacement, ``False`` only for stock's own
+    function; anything else bound there fails the calling test.
+    """
+    found = seam()
+    if getattr(found, MARK, False):
+        return True
+    assert found is stock_seam(), f"neither stock's eviction nor the plugin's is bound: {found!r}"
+    return False
 
 
 def weights(nbytes: int = 64 * MiB) -> dict[str, torch.Tensor]:
@@ -52,20 +84,26 @@ def weights(nbytes: int = 64 * MiB) -> dict[str, torch.Tensor]:
 def runtime(
     nbytes: int = 64 * MiB,
     *,
+    tensors: Any = _WEIGHTS,
     config: dict[str, Any] | None = None,
     allocator: Any = None,
     race_jobs: int = JOBS,
+    device: str | torch.device = "cpu",
+    l2_cache_bytes: int | None = L2,
     kind: type[ReferenceRuntime] = ReferenceRuntime,
     **more: Any,
 ) -> ReferenceRuntime:
-    """The reference host's runtime on the CPU, around :func:`weights`."""
+    """The reference host's runtime on the CPU, around ``tensors`` (default :func:`weights`).
+
+    On a GPU, ``l2_cache_bytes=None`` has the plugin read the device's own L2 size.
+    """
     return kind(
-        device=torch.device("cpu"),
+        device=torch.device(device),
         config=config or {},
         kv_allocator=allocator or ReferenceKVAllocator(1024),
         race_jobs=race_jobs,
-        l2_cache_bytes=L2,
-        tensors=weights(nbytes),
+        l2_cache_bytes=l2_cache_bytes,
+        tensors=weights(nbytes) if tensors is _WEIGHTS else tensors,
         **more,
     )
 
