@@ -417,8 +417,9 @@ _SLICES = 8  # one test per slice, each well under 30 s: the sweep never goes si
 def _interrupt_and_check(point: int) -> bool:
     """Interrupt a start-up at traced line ``point``; the four promises hold after it."""
     allocator = ReferenceKVAllocator(1024)
-    host = runtime(allocator=allocator)
-    alive = host.tensors["model.layers.0.mlp.experts.w13_weight"].untyped_storage()._weak_ref()
+    # Uninitialised: no race reads them here, and 500 memsets of 64 MiB cost seconds.
+    host = runtime(allocator=allocator, tensors={"w": torch.empty(64 * MiB // 4)})
+    alive = host.tensors["w"].untyped_storage()._weak_ref()
     trace = _interrupt_at(point)  # one count over the hook, then startup_complete
     where = f"interrupted at traced line {point}"
     interrupted = _run_traced(functools.partial(hook, host), trace)
@@ -436,10 +437,13 @@ def _interrupt_and_check(point: int) -> bool:
     if not torch.UntypedStorage._expired(alive):
         gc.collect()  # only when needed: a full collection takes long on torch's heap
     assert torch.UntypedStorage._expired(alive), f"{where}: the weights are still held"
-    again = runtime()
+    again = runtime(tensors=_AGAIN)
     assert hook(again).reclaimed_bytes == CREDIT, where  # a fresh start-up credits again
     complete(again)
     return interrupted
+
+
+_AGAIN = {"w": torch.empty(64 * MiB // 4)}  # the fresh start-up's weights, made once
 
 
 @pytest.mark.parametrize("part", range(_SLICES))
@@ -454,7 +458,7 @@ def test_an_asynchronous_exception_anywhere_never_strands_state(part: int) -> No
 
 def _block(trace: Any) -> bool:
     """One evicting_from block, entered and left under ``trace``; whether it was interrupted."""
-    tensors = {"w": torch.zeros(64 * MiB // 4)}
+    tensors = {"w": torch.empty(64 * MiB // 4)}  # uninitialised: no race reads them here
     block = flare_l2evict.evicting_from(tensors, race_jobs=JOBS, l2_cache_bytes=L2)
     interrupted = _run_traced(block.__enter__, trace) or _run_traced(
         lambda: block.__exit__(None, None, None), trace
@@ -484,8 +488,7 @@ def test_an_asynchronous_exception_anywhere_in_a_block_never_strands_state(part:
         _DONE.clear()
         assert not seam_is_ours() and Startup.active() is None, where
         assert _free_for_another_thread(), f"{where}: the lock was left held"
-        again = {"w": torch.zeros(64 * MiB // 4)}
-        with flare_l2evict.evicting_from(again, race_jobs=JOBS, l2_cache_bytes=L2) as report:
+        with flare_l2evict.evicting_from(_AGAIN, race_jobs=JOBS, l2_cache_bytes=L2) as report:
             assert report.reclaimed_bytes == CREDIT, where  # a fresh block credits again
 
 
