@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._agree import Agreement, RankOutcome, agree, settings_digest
 from ._b12x.proof import CreditBasis, measure_basis
 from ._b12x.seam import Mechanism, seam_for
+from ._clock import Clock
 from ._credit import WORD, Credit, credit
 from ._decision import choose_regions
 from ._errors import L2EvictError, RuntimeContractError, reason_of
@@ -35,25 +33,6 @@ from ._startup import Busy, Phase, Startup
 from ._weights import WeightChoice, storages_of, weight_choice
 
 log = logging.getLogger("flare_l2evict")
-
-
-class Clock:
-    """Wall time per step of the start-up, for the report (``ReclaimReport.seconds``)."""
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
-
-    def total(self) -> dict[str, float]:
-        return {**self.seconds, "total": time.perf_counter() - self.started}
 
 
 @dataclass

@@ -224,7 +224,21 @@ def test_the_report_the_allocator_received_ends_the_start_up(
     complete(again)
 
 
-# 4. A fork while another thread is inside add_reclaimed.
+# 4. A fork while another thread is inside add_reclaimed (or anywhere in its hook).
+def _child_says(pid: int, read: int, write: int) -> str:
+    """What the forked child wrote, once it exited; the test fails if it hangs."""
+    os.close(write)
+    deadline = time.monotonic() + DEADLINE
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"the forked child hung for {DEADLINE:.0f} s")
+        time.sleep(0.05)
+    got = os.read(read, 64).decode()
+    os.close(read)
+    return got
+
+
 class BlockingAllocatorStandIn(ReferenceKVAllocator):
     def __init__(self) -> None:
         super().__init__(1024)
@@ -257,15 +271,7 @@ def test_a_child_forked_during_add_reclaimed_restores_at_its_startup_complete() 
     finally:
         allocator.release.set()
         worker.join()
-    os.close(write)
-    deadline = time.monotonic() + DEADLINE
-    while not os.waitpid(pid, os.WNOHANG)[0]:
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            pytest.fail("the forked child hung in startup_complete")
-        time.sleep(0.05)
-    got = os.read(read, 64).decode()
-    os.close(read)
+    got = _child_says(pid, read, write)
     assert got == f"{CREDIT} False"  # the child ended its copy: stock b12x there
     assert seam_is_ours()  # the parent's start-up stands until its own startup_complete
     complete(host)
@@ -520,14 +526,6 @@ def test_a_child_forked_while_another_thread_is_mid_hook_starts_up_afresh() -> N
     finally:
         BlockingMappingStandIn.release.set()
         worker.join()
-    os.close(write)
-    deadline = time.monotonic() + DEADLINE
-    while not os.waitpid(pid, os.WNOHANG)[0]:
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            pytest.fail("the forked child hung")
-        time.sleep(0.05)
-    got = os.read(read, 64).decode()
-    os.close(read)
+    got = _child_says(pid, read, write)
     assert got == f"{CREDIT} False"  # the parent's half-run hook did not hold the child's slot
     complete(host)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+
+from .._clock import Clock as Steps  # the core's own step clock (torch-free)
+
+__all__ = ["Steps", "log_steps"]
 
 
 def log_steps(log: logging.Logger, what: str, seconds: Mapping[str, float]) -> None:
@@ -13,18 +15,3 @@ def log_steps(log: logging.Logger, what: str, seconds: Mapping[str, float]) -> N
     if log.isEnabledFor(logging.DEBUG):
         steps = ", ".join(f"{name} {value:.3f} s" for name, value in seconds.items())
         log.debug("flare_l2evict: %s took %s", what, steps or "no steps")
-
-
-class Steps:
-    """Wall time per named step, in the order the steps first ran."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
