@@ -147,11 +147,7 @@ def _kept_for_measurement(
         }
     )
     if not startup.keep():  # the start-up ended, or restore() ran, since the agreement
-        reason = f"{request.wording.ends} ran during {request.wording.began}, or restore() did"
-        zero = report.model_copy(
-            update={"reclaimed_bytes": 0, "mechanism": "none", "reason": reason}
-        )
-        return fall_back(zero, raising=request.raising)
+        return _ended_meanwhile(request, report)
     say(log, logging.INFO, "flare_l2evict: %s", measured.summary())
     return measured
 
@@ -188,11 +184,10 @@ def _prepare(startup: Startup, request: Request, clock: Clock) -> RankCredit:
             )
             del chosen
             mine = _credit_of(basis, eviction)
-            startup.install(seam, eviction, mine)
+            startup.install(seam, eviction)
         # Asked once the core holds no mapping: every other holder is then the caller's.
         if mine.nbytes and (unheld := startup.unheld()) is not None:
             mine = Credit(0, f"{unheld}; fix: {request.wording.resident}, not copies")
-            startup.refuse_credit(mine.reason or "")
         kept = eviction if mine.nbytes else None
         return RankCredit(mine, basis, None, kept, sources, seam.mechanism)
     except Exception as caught:
@@ -289,11 +284,7 @@ def _report_of(
 def _offer(startup: Startup, request: Request, report: ReclaimReport) -> ReclaimReport:
     """Hand the report to the KV allocator, once; from here on the credit stays backed."""
     if not startup.offer(report):  # the start-up ended, or restore() ran, since the agreement
-        reason = f"{request.wording.ends} ran during {request.wording.began}, or restore() did"
-        zero = report.model_copy(
-            update={"reclaimed_bytes": 0, "mechanism": "none", "reason": reason}
-        )
-        return fall_back(zero, raising=request.raising)
+        return _ended_meanwhile(request, report)
     raised: BaseException | None = None
     try:
         if request.add is not None:
@@ -316,6 +307,13 @@ def _offer(startup: Startup, request: Request, report: ReclaimReport) -> Reclaim
             "credit may have been applied"
         ) from raised
     return report
+
+
+def _ended_meanwhile(request: Request, report: ReclaimReport) -> ReclaimReport:
+    """The start-up ended, or restore() ran, between the agreement and the offer: 0 bytes."""
+    reason = f"{request.wording.ends} ran during {request.wording.began}, or restore() did"
+    zero = report.model_copy(update={"reclaimed_bytes": 0, "mechanism": "none", "reason": reason})
+    return fall_back(zero, raising=request.raising)
 
 
 def _check_returned(returned: object) -> None:

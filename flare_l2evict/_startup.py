@@ -49,7 +49,6 @@ from dataclasses import asdict, dataclass
 from typing import ClassVar, ParamSpec, TypeVar
 
 from ._b12x.seam import Seam
-from ._credit import Credit
 from ._errors import InstallError
 from ._eviction import WeightEviction
 from ._log import say
@@ -130,7 +129,6 @@ class Startup:
         self.phase = Phase.BEGUN
         self.wording = wording
         self.thread = threading.get_ident()
-        self.credit = Credit(0, "nothing installed")
         self.offered_bytes = 0
         self.allocator_error: str | None = None
         self.undo_error: str | None = None
@@ -206,7 +204,7 @@ class Startup:
 
     # -- transitions --------------------------------------------------------------------------
 
-    def install(self, seam: Seam, eviction: WeightEviction, credit: Credit) -> None:
+    def install(self, seam: Seam, eviction: WeightEviction) -> None:
         """BEGUN -> INSTALLED: b12x's races read ``eviction`` through ``seam``.
 
         Raises :class:`InstallError` if the start-up is no longer BEGUN (it ended, or
@@ -220,7 +218,7 @@ class Startup:
                     f"{self.wording.ends} ran, or restore() did, before the eviction was "
                     "installed; stock b12x kept"
                 )
-            self._seam, self._eviction, self.credit = seam, eviction, credit
+            self._seam, self._eviction = seam, eviction
             try:
                 seam.install(eviction, self._undo)
             finally:
@@ -233,11 +231,6 @@ class Startup:
         are one line, so a signal handler on this thread (which runs between lines, and may
         restore or end the start-up) cannot slip between them."""
         return self.phase is since and not setattr(self, "phase", to)  # type: ignore[func-returns-value]
-
-    def refuse_credit(self, reason: str) -> None:
-        """The credit is 0 (``reason``), decided after the install; nothing else changes."""
-        with self._lock:
-            self.credit = Credit(0, reason)
 
     def keep(self) -> bool:
         """INSTALLED -> KEPT: the races read the weights until the end and nothing is credited

@@ -15,7 +15,6 @@ import torch
 
 from .._b12x.proof import CreditBasis
 from .._b12x.seam import seam_for
-from .._credit import Credit
 from .._decision import choose_regions
 from .._errors import InstallError, WeightsError
 from .._eviction import Kernel, WeightEviction
@@ -74,7 +73,7 @@ class Installed:
             self.eviction = WeightEviction(
                 choice, fallback=seam.fallback(choice.device), kernel=kernel, until=wording.ends
             )
-            began.install(seam, self.eviction, Credit(0, "installed by a tool, never offered"))
+            began.install(seam, self.eviction)
         except BaseException:
             self.end()
             raise
