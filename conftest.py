@@ -26,6 +26,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
+def _gpu_settled_before_each_gpu_test(request: pytest.FixtureRequest) -> None:
+    """Every GPU test starts from an allocator at rest: a neighbour's garbage moves no figure."""
+    if "gpu" in request.keywords and torch.cuda.is_available():
+        from support.gpu_memory import settled
+
+        settled(torch.device("cuda", torch.cuda.current_device()))
+
+
+@pytest.fixture(autouse=True)
 def _stock_b12x_after_each_test() -> Iterator[None]:
     """No test leaks an installed eviction or a plugin start-up into the next."""
     yield

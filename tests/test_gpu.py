@@ -19,14 +19,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
 from support.figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
+from support.gpu_memory import settled
 from support.hosts import hook, runtime
 from support.sums import checksum
 
-import flare_l2evict
 from benchmarks.bench import Probe, compare
 from benchmarks.bench._probe import spacer
 from flare_l2evict._b12x.proof import CreditBasis, measure_basis
@@ -230,33 +231,32 @@ def test_race_picks_the_same_winner(
     assert plugin.latencies_us[1] > 2 * plugin.latencies_us[0]
 
 
-def test_prepare_race_steps_uses_the_installed_eviction(
-    device: torch.device,
-    measurement: ModuleType,
-    l2: int,
-    gpu_weights: torch.Tensor,
-    cute_guard_stand_in: bool,
-) -> None:
-    from flare_l2evict.tools.reference_host import gemm_candidates, run_race
+def _race_peak(calls: list[Any], device: torch.device) -> int:
+    """One race's peak allocation growth over its own base (b12x looks its eviction up)."""
+    from flare_l2evict.tools.reference_host import run_race
 
-    install(
-        chosen := choose_weights({"w": gpu_weights}, gpu_weights.device, stock_window_bytes(l2)),
-        measured(chosen),
-    )
-    calls = gemm_candidates(device)
-    torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    run_race(calls, device, None)  # b12x looks its eviction up itself
-    peak = torch.cuda.max_memory_allocated(device) - base
-    flare_l2evict.restore()
-    torch.cuda.synchronize(device)
+    settled(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     run_race(calls, device, None)
-    stock_peak = torch.cuda.max_memory_allocated(device) - base
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def test_prepare_race_steps_uses_the_installed_eviction(
+    device: torch.device, l2: int, gpu_weights: torch.Tensor, cute_guard_stand_in: bool
+) -> None:
+    from flare_l2evict.tools.reference_host import gemm_candidates
+
+    calls = gemm_candidates(device)
+    chosen = choose_weights({"w": gpu_weights}, gpu_weights.device, stock_window_bytes(l2))
+    with install(chosen, measured(chosen)) as installed:
+        peak = _race_peak(calls, device)
+        (served,) = installed.audit().devices
+    stock_peak = _race_peak(calls, device)
     stock_bytes = (stock_window_bytes(l2) + 3) // 4 * 4
     print(f"race peak growth: stock {stock_peak:,} B, plugin {peak:,} B")
+    assert served.served_by_weights >= 1 and served.stock_buffers == 0, served
     assert abs((stock_peak - peak) - stock_bytes) <= 64 * KiB
 
 
@@ -267,19 +267,19 @@ def test_freed_storage_falls_back_to_stock_and_logs(
     gpu_weights: torch.Tensor,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    install(
-        chosen := choose_weights({"w": gpu_weights}, gpu_weights.device, stock_window_bytes(l2)),
-        measured(chosen),
-    )
-    eviction = measurement._l2_flush_fn(device, enabled=True)
-    gpu_weights.untyped_storage().resize_(0)
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
-        eviction()
-    torch.cuda.synchronize(device)
+    chosen = choose_weights({"w": gpu_weights}, gpu_weights.device, stock_window_bytes(l2))
+    with install(chosen, measured(chosen)):
+        eviction = measurement._l2_flush_fn(device, enabled=True)
+        gpu_weights.untyped_storage().resize_(0)
+        settled(device)
+        before = torch.cuda.memory_allocated(device)
+        with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
+            eviction()
+        torch.cuda.synchronize(device)
+        grown = torch.cuda.memory_allocated(device) - before
+        del eviction
     assert "falls back to stock b12x's own buffer" in caplog.text
-    assert torch.cuda.memory_allocated(device) - before >= stock_window_bytes(l2)
+    assert grown >= stock_window_bytes(l2)
 
 
 def test_storage_on_another_gpu_falls_back(device: torch.device) -> None:

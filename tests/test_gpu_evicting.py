@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from support.figures import MiB
+from support.gpu_memory import settled
 from support.startups import end_any
 
 import flare_l2evict
@@ -46,7 +47,7 @@ def test_b12x_real_races_read_the_named_tensors_instead_of_a_buffer() -> None:
 
     def race() -> tuple[int, RaceResult]:
         """One race where b12x makes its own eviction; the allocator's peak growth during it."""
-        torch.cuda.synchronize(device)
+        settled(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         with cute_guard():

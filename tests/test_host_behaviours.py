@@ -520,12 +520,12 @@ def test_startup_complete_during_the_offer_waits_for_add_reclaimed_to_return() -
 def test_an_installation_made_before_the_hook_is_never_credited() -> None:
     tiny = choose_weights({"tiny": torch.zeros(MiB // 4)}, "cpu", MiB)
     settings = L2EvictSettings.model_construct(window=MiB)
-    earlier = install(tiny, measure_basis(tiny.device, MiB, settings, 0))
-    runtime = hostile()
-    report = hook(runtime)
-    assert report.reclaimed_bytes == 0 and "while a start-up is active" in (report.reason or "")
-    assert runtime.kv_allocator.applied == 0
-    assert installed() is earlier.startup  # left as it was
+    with install(tiny, measure_basis(tiny.device, MiB, settings, 0)) as earlier:
+        runtime = hostile()
+        report = hook(runtime)
+        assert report.reclaimed_bytes == 0 and "while a start-up is active" in (report.reason or "")
+        assert runtime.kv_allocator.applied == 0
+        assert installed() is earlier.startup  # left as it was
 
 
 class OverstatedStorageStandIn(torch.UntypedStorage):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import logging
 import sys
 import types
 from collections.abc import Callable
@@ -10,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 from support.hosts import L2, STOCK_BUFFER, seam_is_ours, stock_seam
-from support.startups import installed
+from support.startups import active, installed
 
 from flare_l2evict._b12x.proof import CreditBasis, SeamProof, StockBuffer, prove_seam
 from flare_l2evict._errors import InstallError
@@ -38,42 +40,114 @@ def test_the_installed_b12x_passes_the_proof() -> None:
 
 
 def test_stock_seam_serves_this_device_and_defers_elsewhere() -> None:
-    installation = install(choice(), basis(prove_seam()))
-    assert installation.mechanism == "stock-seam"
-    seam = measurement._l2_flush_fn
-    assert seam_is_ours()
-    handed = seam(torch.device("cpu"), enabled=True)
-    assert isinstance(handed, EvictionHandle) and handed.eviction is installation.eviction
-    # Disabled calls go to b12x's own function (which returns None).
-    assert seam(torch.device("cuda", 3), enabled=False) is None
-    assert seam(torch.device("cpu"), enabled=False) is None
-    audit = installation.audit()
+    with install(choice(), basis(prove_seam())) as installation:
+        assert installation.mechanism == "stock-seam"
+        seam = measurement._l2_flush_fn
+        assert seam_is_ours()
+        handed = seam(torch.device("cpu"), enabled=True)
+        assert isinstance(handed, EvictionHandle) and handed.eviction is installation.eviction
+        # Disabled calls go to b12x's own function (which returns None).
+        assert seam(torch.device("cuda", 3), enabled=False) is None
+        assert seam(torch.device("cpu"), enabled=False) is None
+        audit = installation.audit()
     (cpu,) = audit.devices
     assert (cpu.requested, cpu.served_by_weights, cpu.stock_buffers) == (1, 1, 0)
 
 
 def test_restore_puts_stock_back_and_releases() -> None:
-    installation = install(choice(), basis(prove_seam()))
-    installation.restore()
-    assert measurement._l2_flush_fn is stock_seam()
-    assert installation.eviction.views() == ()
-    assert installed() is None
-    installation.restore()  # idempotent
-    assert measurement._l2_flush_fn is stock_seam()
+    with install(choice(), basis(prove_seam())) as installation:
+        installation.restore()
+        assert measurement._l2_flush_fn is stock_seam()
+        assert installation.eviction.views() == ()
+        assert installed() is None
+        installation.restore()  # idempotent
+        assert measurement._l2_flush_fn is stock_seam()
 
 
 def test_installing_twice_is_refused_and_changes_nothing() -> None:
-    first = install(choice(), basis(prove_seam()))
-    seam = measurement._l2_flush_fn
-    with pytest.raises(InstallError, match=r"Startup\(stock-seam, 'w' on cpu.*already active"):
-        install(choice(), basis(prove_seam()))
-    assert measurement._l2_flush_fn is seam
-    assert installed() is first.startup
+    with install(choice(), basis(prove_seam())) as first:
+        seam = measurement._l2_flush_fn
+        with pytest.raises(InstallError, match=r"Startup\(stock-seam, 'w' on cpu.*already active"):
+            install(choice(), basis(prove_seam()))
+        assert measurement._l2_flush_fn is seam
+        assert installed() is first.startup
 
 
 def test_the_proof_unwraps_an_installed_seam() -> None:
-    install(choice(), basis(prove_seam()))
-    assert prove_seam().original is stock_seam()
+    with install(choice(), basis(prove_seam())):
+        assert prove_seam().original is stock_seam()
+
+
+def _race_asks_b12x() -> object:
+    """What a race's sample asks for: b12x's own module looks its eviction up, as
+    ``prepare_race_steps`` does, after a collection (a dropped handle is gone by then)."""
+    gc.collect()
+    return measurement._l2_flush_fn(torch.device("cpu"), enabled=True)
+
+
+def _stock_answers() -> bool:
+    """Stock's function answers: on a CPU it cannot size a buffer and raises, as on any CPU."""
+    if seam_is_ours():
+        return False
+    with pytest.raises((RuntimeError, AssertionError, ValueError)):
+        measurement._l2_flush_fn(torch.device("cpu"), enabled=True)
+    return True
+
+
+def test_races_read_the_weights_while_the_with_block_holds_the_installation() -> None:
+    # Issue 38: `install(...)` as a statement dropped its handle, so stock b12x was back
+    # before the race ran. Held by the `with` alone (no name bound), it lasts the block.
+    chosen = choice()
+    with install(chosen, basis(prove_seam())):
+        handed = _race_asks_b12x()
+        assert isinstance(handed, EvictionHandle), handed
+        assert handed.eviction.source_name == "w"
+        del handed
+        assert isinstance(_race_asks_b12x(), EvictionHandle)
+    assert _stock_answers() and active() is None
+
+
+def test_a_with_block_that_raises_ends_the_installation() -> None:
+    with pytest.raises(KeyError), install(choice(), basis(prove_seam())):
+        assert seam_is_ours()
+        raise KeyError("a race failed")
+    assert _stock_answers() and active() is None
+
+
+def test_the_bench_installs_for_its_with_block_only() -> None:
+    from benchmarks.bench._run import _installed
+
+    tensor = torch.zeros(32 * 1024 * 1024 // 4)
+    with _installed(tensor, 16 * 1024 * 1024, torch.device("cpu"), L2) as installed_by_bench:
+        handed = _race_asks_b12x()
+        assert isinstance(handed, EvictionHandle) and handed.eviction is installed_by_bench.eviction
+        del handed
+    assert _stock_answers() and active() is None
+
+
+def test_a_dropped_installation_warns_once_naming_it_and_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
+        install(choice(), basis(prove_seam()))  # the handle is dropped at once
+        gc.collect()
+    dropped = [r for r in caplog.records if "dropped without end()" in r.getMessage()]
+    assert len(dropped) == 1 and dropped[0].levelno == logging.WARNING
+    assert "Startup(stock-seam, 'w' on cpu" in dropped[0].getMessage()
+    assert "with install(" in dropped[0].getMessage()
+    assert _stock_answers() and active() is None
+
+
+def test_an_ended_installation_dropped_later_says_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
+        with install(choice(), basis(prove_seam())) as installation:
+            pass
+        installation.end()  # ending again changes nothing
+        del installation
+        gc.collect()
+    assert "dropped" not in caplog.text and active() is None
 
 
 def test_a_changed_seam_is_left_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,13 +179,13 @@ def test_fork_api_is_preferred_when_present(monkeypatch: pytest.MonkeyPatch) -> 
     fork_stand_in = types.ModuleType("b12x.comm.pcie")
     fork_stand_in.use_startup_eviction = handed.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
-    installation = install(choice(), basis(None, fork=fork_stand_in.use_startup_eviction))
-    assert installation.mechanism == "fork"
-    assert isinstance(handed[0], torch.Tensor) and handed[0].nbytes == 1024
-    assert measurement._l2_flush_fn is stock_seam()  # the stock seam is not touched
-    assert not installation.audit().counted
-    installation.restore()
-    assert handed[-1] is None
+    with install(choice(), basis(None, fork=fork_stand_in.use_startup_eviction)) as installation:
+        assert installation.mechanism == "fork"
+        assert isinstance(handed[0], torch.Tensor) and handed[0].nbytes == 1024
+        assert measurement._l2_flush_fn is stock_seam()  # the stock seam is not touched
+        assert not installation.audit().counted
+        installation.restore()
+        assert handed[-1] is None
 
 
 def test_a_fork_api_of_another_shape_is_refused_before_anything_is_handed(

@@ -453,7 +453,9 @@ def test_two_startup_completes_at_once_audit_no_false_shortfall() -> None:
     assert not seam_is_ours() and Startup.active() is None
 
 
-def test_a_tools_installation_dropped_without_end_frees_the_slot() -> None:
+def test_a_tools_installation_dropped_without_end_frees_the_slot(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     from flare_l2evict._b12x.proof import measure_basis
     from flare_l2evict.tools._choose_weights import choose_weights, install
 
@@ -462,8 +464,10 @@ def test_a_tools_installation_dropped_without_end_frees_the_slot() -> None:
     chosen = choose_weights(tensors, "cpu", MiB)
     installed_by_tool = install(chosen, measure_basis(chosen.device, MiB, settings, 0))
     assert seam_is_ours()
-    del installed_by_tool, chosen
+    with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
+        del installed_by_tool, chosen
     assert not seam_is_ours() and Startup.active() is None
+    assert caplog.text.count("dropped without end()") == 1
     again = runtime()
     assert hook(again).reclaimed_bytes == CREDIT
     complete(again)

@@ -16,6 +16,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from flare_l2evict._credit import stock_window_bytes
 from flare_l2evict._eviction import Kernel, WeightEviction
 from flare_l2evict._settings import L2EvictSettings
 from flare_l2evict._weights import WeightChoice
-from flare_l2evict.tools._choose_weights import choose_weights, install
+from flare_l2evict.tools._choose_weights import Installed, choose_weights, install
 from flare_l2evict.tools._origin import stock_row
 
 from . import _coldness
@@ -59,6 +60,17 @@ def _stock_method(nbytes: int, device: torch.device) -> Callable[[], None]:
 
 def _choice_at(weights: torch.Tensor, nbytes: int) -> WeightChoice:
     return choose_weights({"weights": weights}, weights.device, nbytes)
+
+
+def _installed(
+    weights: torch.Tensor, window: int, device: torch.device, l2_bytes: int | None = None
+) -> Installed:
+    """The plugin installed as a start-up installs it, for a ``with`` block: races inside it
+    look b12x's eviction up and get the plugin's (Triton read), stock's again after it.
+    ``l2_bytes``: ``None`` reads the device's (a CPU has none to read)."""
+    chosen = _choice_at(weights, window)
+    settings = L2EvictSettings.model_construct(window=chosen.window_bytes)
+    return install(chosen, measure_basis(device, l2_bytes, settings, 0), kernel="triton")
 
 
 def _plugin_at(weights: torch.Tensor, nbytes: int, kernel: Kernel = "triton") -> WeightEviction:
@@ -204,18 +216,9 @@ def _races(
                 order = WAYS[repeat % len(WAYS) :] + WAYS[: repeat % len(WAYS)]
                 latencies: dict[str, tuple[float, ...]] = {}
                 for way in order:
-                    installed = None
-                    if way == "plugin":
-                        chosen = _choice_at(weights, window)
-                        settings = L2EvictSettings.model_construct(window=chosen.window_bytes)
-                        basis = measure_basis(device, None, settings, 0)
-                        installed = install(chosen, basis, kernel="triton")
-                    try:
+                    with _installed(weights, window, device) if way == "plugin" else nullcontext():
                         eviction = no_eviction if way == "none" else None  # None: b12x's lookup
                         latencies[way] = run_race(calls, device, eviction).latencies_us
-                    finally:
-                        if installed is not None:
-                            installed.end()
                 repeats_seen.append(latencies)
             rows.append({"shape": [m, n, k], "repeats": repeats_seen})
             winners = [",".join(f"{w}={_winner(r[w])}" for w in WAYS) for r in repeats_seen]
@@ -391,13 +394,8 @@ def run_bench(
     if "memory" in sections:
         started = time.perf_counter()
         result["memory"] = {"stock": _allocated(seam_call, device)}
-        chosen = _choice_at(weights, window)
-        settings = L2EvictSettings.model_construct(window=chosen.window_bytes)
-        installed = install(chosen, measure_basis(device, None, settings, 0), kernel="triton")
-        try:
+        with _installed(weights, window, device):
             result["memory"]["plugin"] = _allocated(seam_call, device)
-        finally:
-            installed.end()
         done("memory", started)
 
     # 3. Cost at the default window against the HBM read floor measured here.

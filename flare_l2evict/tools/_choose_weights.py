@@ -8,6 +8,7 @@ than raising. This composes the same three, so what it chooses is what start-up 
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Mapping, Sequence
 
@@ -18,9 +19,12 @@ from .._b12x.seam import seam_for
 from .._decision import choose_regions
 from .._errors import InstallError, WeightsError
 from .._eviction import Kernel, WeightEviction
+from .._log import say
 from .._report import HOST, StartupAudit, Wording
 from .._startup import Busy, Startup
 from .._weights import WeightChoice, storages_of, weight_choice
+
+log = logging.getLogger("flare_l2evict")
 
 
 def choose_weights(
@@ -48,11 +52,16 @@ def choose_weights(
 
 
 class Installed:
-    """An eviction installed outside any host's or program's start-up (benches and tests).
+    """An eviction installed outside any host's or program's start-up (benches, tests, ``check``).
 
-    It is a start-up of its own (:class:`~flare_l2evict._startup.Startup`, owned by this
-    object), installed and never offered: :meth:`end` audits it, puts stock b12x back and
-    frees the process's one start-up slot; :meth:`restore` only puts stock b12x back.
+    Its lifetime is the ``with`` block that holds it: ``with install(choice, basis) as
+    installed:`` -- b12x's races read the weights inside the block, and on exit, whatever
+    is raised, :meth:`end` audits it, puts stock b12x back and frees the process's one
+    start-up slot. It is a start-up of its own (:class:`~flare_l2evict._startup.Startup`,
+    owned by this object): the lifetime has that one implementation, none here.
+
+    A handle dropped without :meth:`end` is a caller's bug, not a protocol: its start-up
+    still ends (it holds the slot), with one WARNING naming it.
     """
 
     def __init__(
@@ -62,11 +71,13 @@ class Installed:
         if isinstance(began, Busy):
             raise InstallError(
                 f"{began.active} is already active in this process; fix: end it "
-                "(startup_complete, or Installed.end()) before installing again"
+                "(startup_complete, or leave the `with install(...)` block) before installing "
+                "again"
             )
         self.startup = began
-        # Dropped without end(): its start-up ends with it (it holds the process's one slot).
-        weakref.finalize(self, Startup.end, began, own_only=True)
+        # Holds the start-up, never this object, so dropping the handle is what runs it.
+        self._dropped = weakref.finalize(self, _ended_when_dropped, began)
+        self._dropped.atexit = False  # the process ends anyway: no line at interpreter exit
         try:
             seam = seam_for(basis)
             self.mechanism = seam.mechanism
@@ -78,6 +89,12 @@ class Installed:
             self.end()
             raise
 
+    def __enter__(self) -> Installed:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.end()
+
     def audit(self) -> StartupAudit:
         return self.startup.audit()
 
@@ -85,14 +102,34 @@ class Installed:
         self.startup.restore()
 
     def end(self) -> StartupAudit:
-        return Startup.end(self)
+        """The audit; stock b12x back and the slot free. Ending it again changes nothing."""
+        self._dropped.detach()
+        return Startup.end(self.startup, own_only=True)
 
     def __repr__(self) -> str:
         return repr(self.startup)
 
 
+def _ended_when_dropped(startup: Startup) -> None:
+    """A handle's finalizer: its start-up ends, and the drop is named, never silent."""
+    if Startup.active() is not startup:  # already over (startup_complete, or a later end)
+        return
+    say(
+        log,
+        logging.WARNING,
+        "flare_l2evict: %r was dropped without end(), so stock b12x is back and races no longer "
+        "read the weights; fix: hold it in `with install(...) as installed:` around the races",
+        startup,
+    )
+    Startup.end(startup, own_only=True)
+
+
 def install(
     choice: WeightChoice, basis: CreditBasis, *, kernel: Kernel = "auto", words: Wording = HOST
 ) -> Installed:
-    """Install ``choice`` in this process on a measured ``basis``; ``end()`` undoes it."""
+    """Install ``choice`` in this process on a measured ``basis``, for a ``with`` block.
+
+    ``with install(choice, basis) as installed:`` -- the races inside read the weights;
+    the block's exit ends it (:meth:`Installed.end`).
+    """
     return Installed(choice, basis, kernel, words)

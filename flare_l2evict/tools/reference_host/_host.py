@@ -11,6 +11,7 @@ were measured to hold, which takes no credit.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -229,9 +230,10 @@ class ReferenceHost:
         memory, l2 = self._device_figures()
         cuda = self.device.type == "cuda"
         if cuda:
+            # What an earlier start-up (or test) in this process left, as garbage or cached,
+            # would move this one's figures: each starts as a fresh process would.
+            gc.collect()
             torch.cuda.synchronize(self.device)
-            # What an earlier start-up in this process left cached would lower this one's
-            # free memory: each starts as a fresh process would.
             torch.cuda.empty_cache()
             before = torch.cuda.memory_allocated(self.device)
         if isinstance(checkpoint, Mapping):
@@ -260,6 +262,9 @@ class ReferenceHost:
             kv_sizing=self.kv_sizing,
         )
         if cuda:
+            # The hook collects young garbage itself: collected here first, so what it frees
+            # is not taken for a negative allocation of the plugin's.
+            gc.collect()
             torch.cuda.synchronize(self.device)
             hook_base = torch.cuda.memory_allocated(self.device)
         self.events.append("before_first_capture")
