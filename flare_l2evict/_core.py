@@ -5,7 +5,7 @@ caller's bad input makes, which still takes its turn in the tensor-parallel
 agreement), begins the process's :class:`~._startup.Startup`, and walks the
 passive parts downward: basis, choice, eviction, seam, credit, agreement,
 report, offer. Its one ``finally`` hands the start-up back (:meth:`Startup.leave`),
-which keeps the install if and only if the offer began. :func:`fall_back` is the
+which keeps the install if and only if the offer began. :func:`faulted` is the
 one place that decides what a fault becomes. :meth:`Startup.end` is ``startup_complete``.
 Nothing here holds the process lock: :class:`~._startup.Startup` takes it per transition.
 """
@@ -64,27 +64,52 @@ def start(request: Request | Refused) -> ReclaimReport:
         if issubclass(type(error), L2EvictError):
             raise  # on_error = "raise"
         reason = f"internal error in flare_l2evict ({reason_of(error)})"
-        report = fall_back(_zero(request.placement, reason), raising=False)
+        report = faulted(_zero(request.placement, reason), raising=request.raising, cause=error)
         escaped = False
     finally:
+        if isinstance(request, Request):  # not taken (a fault came first): not held past here,
+            request.take_tensors()  # whatever frame an exception's traceback keeps alive
         Startup.leave(token, report, escaped)
     return report
 
 
-def fall_back(
+def faulted(
     report: ReclaimReport,
     *,
     raising: bool,
     disabled: bool = False,
     cause: BaseException | None = None,
 ) -> ReclaimReport:
-    """What a start-up that credits 0 becomes: the report and one log line, or, under
-    ``on_error = "raise"``, that line raised (and not logged as well). ``enabled = false``
-    is the operator's choice, not a fault: its line is INFO and it never raises."""
-    if raising and not disabled:  # the raise is the one line: the host logs or prints it
+    """What a fault becomes: the one place that decides it, for every caller.
+
+    * ``disabled`` (``enabled = false``): the operator's choice, not a fault: one INFO line,
+      never a raise;
+    * a credit that stands (``report.reclaimed_bytes``: the allocator raised after the offer):
+      its WARNING line is logged whatever follows, since the host may have applied it;
+    * a ``cause`` that is no ``Exception`` (``KeyboardInterrupt``, ``SystemExit``) is the host's:
+      raised again;
+    * ``raising`` (``on_error = "raise"``): one :class:`L2EvictError` naming the reason (when
+      nothing stands, not logged as well: the host logs or prints the raise);
+    * otherwise: one WARNING line (stock b12x kept) and the report.
+    """
+    if disabled:
+        say(log, logging.INFO, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
+        return report
+    stands = report.reclaimed_bytes > 0
+    if stands:
+        say(log, logging.WARNING, "flare_l2evict: %s", report.summary())
+    elif not raising:
+        say(log, logging.WARNING, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
+    if cause is not None and not issubclass(type(cause), Exception):
+        raise cause
+    if raising and stands:
+        raise L2EvictError(
+            f"kv_allocator.add_reclaimed raised {report.allocator_error} and on_error = "
+            "'raise'; the eviction stays installed until startup_complete, since the "
+            "credit may have been applied"
+        ) from cause
+    if raising:
         raise L2EvictError(f"l2evict failed and on_error = 'raise': {report.reason}") from cause
-    level = logging.INFO if disabled else logging.WARNING
-    say(log, level, "flare_l2evict: stock b12x eviction kept; %s", report.summary())
     return report
 
 
@@ -101,7 +126,7 @@ def _zero(placement: Placement, reason: str) -> ReclaimReport:
 
 def _busy(request: Request | Refused, busy: Busy) -> ReclaimReport:
     reason = request.wording.busy.format(how=busy.how, active=busy.active)
-    return fall_back(_zero(request.placement, reason), raising=request.raising)
+    return faulted(_zero(request.placement, reason), raising=request.raising)
 
 
 def _run(startup: Startup, request: Request | Refused, clock: Clock) -> ReclaimReport:
@@ -123,7 +148,7 @@ def _run(startup: Startup, request: Request | Refused, clock: Clock) -> ReclaimR
     report = _report_of(request.placement, mine, agreed, kept, clock.total(), request.kv_sizing)
     disabled = request.settings is not None and not request.settings.enabled
     if not kept or isinstance(request, Refused):
-        return fall_back(report, raising=request.raising, disabled=disabled, cause=mine.error)
+        return faulted(report, raising=request.raising, disabled=disabled, cause=mine.error)
     if request.kv_sizing == "measured":
         return _kept_for_measurement(startup, request, report)
     return _offer(startup, request, report)
@@ -297,23 +322,14 @@ def _offer(startup: Startup, request: Request, report: ReclaimReport) -> Reclaim
         say(log, logging.INFO, "flare_l2evict: %s", report.summary())
         return report
     report = report.model_copy(update={"allocator_error": startup.allocator_error})
-    say(log, logging.WARNING, "flare_l2evict: %s", report.summary())
-    if not issubclass(type(raised), Exception):
-        raise raised
-    if request.raising:
-        raise L2EvictError(
-            f"kv_allocator.add_reclaimed raised {report.allocator_error} and on_error = "
-            "'raise'; the eviction stays installed until startup_complete, since the "
-            "credit may have been applied"
-        ) from raised
-    return report
+    return faulted(report, raising=request.raising, cause=raised)
 
 
 def _ended_meanwhile(request: Request, report: ReclaimReport) -> ReclaimReport:
     """The start-up ended, or restore() ran, between the agreement and the offer: 0 bytes."""
     reason = f"{request.wording.ends} ran during {request.wording.began}, or restore() did"
     zero = report.model_copy(update={"reclaimed_bytes": 0, "mechanism": "none", "reason": reason})
-    return fall_back(zero, raising=request.raising)
+    return faulted(zero, raising=request.raising)
 
 
 def _check_returned(returned: object) -> None:

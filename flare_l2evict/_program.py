@@ -180,10 +180,10 @@ class _Block:
         try:
             request = _request_of(self, tensors, self._arguments)
         except _Refusal as refusal:
-            return _core.fall_back(_zero(str(refusal)), raising=self._arguments.raising)
+            return _core.faulted(_zero(str(refusal)), raising=self._arguments.raising)
         except Exception as error:  # arguments of the program's whose methods raise
             why = f"an argument could not be read ({reason_of(error)}); nothing changed"
-            return _core.fall_back(_zero(why), raising=self._arguments.raising)
+            return _core.faulted(_zero(why), raising=self._arguments.raising)
         del tensors
         try:
             report = _core.start(request)

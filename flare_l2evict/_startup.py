@@ -3,23 +3,27 @@ r"""One start-up of the plugin in this process: its phase, its lock, its undo, i
 :class:`Startup` holds every piece of state the plugin keeps between calls, as
 pluggy's ``PluginManager`` does for a manager: the process's one start-up slot
 and lock, and per start-up its :class:`Phase`, the seam's undo steps, the offer
-and the agreement round. Each transition is one method, taken under the lock;
+and the agreement round. Each method takes one :class:`Event` under the lock;
 the lock is never held while host code runs (the KV allocator is called between
 :meth:`Startup.offer` and :meth:`Startup.offered`; host tensors are released
 outside it). The parts below (basis, choice, eviction, seam, credit, agreement,
 report) are passive: none imports this module or calls back into it.
 
-Phases, and the method that makes each transition::
+The phase moves only through :data:`NEXT`, a table of (phase, event) -> next phase,
+applied by :meth:`Startup._step`, which raises on a pair the table does not have (as
+h11's ``_state.py`` does). :data:`_MOVES` lists every move, one per line, in the
+form ``docs/internals.md`` draws them (a test holds the two to the table).
 
-    begin()  ->  BEGUN --install()--> INSTALLED --offer()--> OFFERING --offered()--> CREDITED
-                   |                     |  \                   |                        |
-                   |   settle()/restore()|   keep() -> KEPT     end()                    restore()
-                   v                     v                      v                        v
-                 ENDED <----end()---- FELL_BACK             ENDING --offered()-->  CUT_SHORT
-                   ^                                            |
-                   +---------------------- end() ---------------+ (and from every other phase)
+Every other pair in the table leaves the phase as it is: a restore or an end came
+first (an ``offer`` after a restore is refused), or the event has nothing left to do.
 
-    KEPT: a host that sizes its KV cache by measurement; nothing is offered or credited.
+What follows a move is read off the phase it lands on: ENDED closes the start-up
+(stock b12x back, the weights released, the slot free); FELL_BACK after an install
+restores. INSTALLING, FALLING_BACK and ENDING are the start-up's own thread inside a
+step (changing b12x, or in the allocator's ``add_reclaimed``): a restore or an end that
+arrives then (from a signal handler on that thread, or another thread during the offer)
+is recorded in the phase, and the step carries it out as it leaves. So no undo runs
+between a change's registration and the change itself.
 
 Invariants the KV allocator relies on:
 
@@ -61,30 +65,116 @@ _R = TypeVar("_R")
 
 
 class Phase(enum.Enum):
-    """Where a start-up is; the module docstring draws the transitions."""
+    """Where a start-up is; the module docstring lists the moves."""
+
+    # Identity hashing, in C: a table lookup runs no Python code a signal handler could enter.
+    __hash__ = object.__hash__
 
     BEGUN = "begun"  # the slot is taken; b12x is as it was
     INSTALLING = "installing"  # the seam is being changed (each undo registered first)
+    FALLING_BACK = "falling back"  # restore() came mid-change: undone once the change is over
     INSTALLED = "installed"  # races read the weights; nothing offered yet
     OFFERING = "offering"  # the credit is recorded; add_reclaimed runs (it may apply it)
     CREDITED = "credited"  # the offer is over: kept until the start-up ends
     KEPT = "kept"  # installed for a host that sizes its KV cache by measurement: no credit
-    ENDING = "ending"  # startup_complete came during the offer: restored once it returns
+    ENDING = "ending"  # startup_complete came mid-change or mid-offer: ended as the step leaves
     CUT_SHORT = "cut short"  # restore() while the credit stood: later races make stock buffers
     FELL_BACK = "fell back"  # stock b12x is back; nothing credited
     ENDED = "ended"  # over: stock b12x, no reference to the weights, the slot free
 
 
-_AFTER_RESTORE = {
-    Phase.BEGUN: Phase.FELL_BACK,
-    Phase.INSTALLED: Phase.FELL_BACK,
-    Phase.OFFERING: Phase.CUT_SHORT,
-    Phase.CREDITED: Phase.CUT_SHORT,
-    Phase.KEPT: Phase.CUT_SHORT,
-}
+class Event(enum.Enum):
+    """What happens to a start-up: each :class:`Startup` method takes one."""
+
+    __hash__ = object.__hash__  # as Phase's
+
+    INSTALL = "install"  # install() begins changing b12x
+    INSTALLED = "installed"  # install() leaves: the change is over, whole or cut short
+    KEEP = "keep"  # a measuring host keeps the install, uncredited
+    OFFER = "offer"  # the credit is recorded and handed to the allocator
+    OFFERED = "offered"  # the allocator returned (or raised)
+    RESTORE = "restore"  # stock b12x back (restore(), or a fallback)
+    END = "end"  # startup_complete that ends this start-up (or the caller's own end)
+    SETTLE = "settle"  # the caller's exit: its install and its offer are over
+    FORKED = "forked"  # a child process, without the thread that ran the start-up
+
+
+def _table(moves: str, stays: dict[Event, tuple[Phase, ...]]) -> dict[tuple[Phase, Event], Phase]:
+    """The table from the docstring's move lines, plus the pairs that leave the phase as it is."""
+    table: dict[tuple[Phase, Event], Phase] = {}
+    for line in moves.strip().splitlines():
+        since, name, to = line.replace("--", " ").replace(">", " ").split()
+        table[Phase[since], Event[name.upper()]] = Phase[to]
+    for event, phases in stays.items():
+        for phase in phases:
+            table.setdefault((phase, event), phase)
+    return table
+
+
+_MOVES = """
+    BEGUN         --install-->    INSTALLING
+    BEGUN         --restore-->    FELL_BACK
+    BEGUN         --end-->        ENDED
+    BEGUN         --forked-->     ENDED
+    INSTALLING    --installed-->  INSTALLED
+    INSTALLING    --settle-->     INSTALLED
+    INSTALLING    --restore-->    FALLING_BACK
+    INSTALLING    --end-->        ENDING
+    INSTALLING    --forked-->     ENDED
+    FALLING_BACK  --installed-->  FELL_BACK
+    FALLING_BACK  --settle-->     FELL_BACK
+    FALLING_BACK  --end-->        ENDING
+    FALLING_BACK  --forked-->     ENDED
+    INSTALLED     --keep-->       KEPT
+    INSTALLED     --offer-->      OFFERING
+    INSTALLED     --restore-->    FELL_BACK
+    INSTALLED     --end-->        ENDED
+    INSTALLED     --forked-->     ENDED
+    OFFERING      --offered-->    CREDITED
+    OFFERING      --settle-->     CREDITED
+    OFFERING      --restore-->    CUT_SHORT
+    OFFERING      --end-->        ENDING
+    OFFERING      --forked-->     CREDITED
+    CREDITED      --restore-->    CUT_SHORT
+    CREDITED      --end-->        ENDED
+    KEPT          --restore-->    CUT_SHORT
+    KEPT          --end-->        ENDED
+    ENDING        --installed-->  ENDED
+    ENDING        --offered-->    ENDED
+    ENDING        --settle-->     ENDED
+    ENDING        --forked-->     ENDED
+    CUT_SHORT     --end-->        ENDED
+    FELL_BACK     --end-->        ENDED
+"""
+"""Every move of the phase, ``PHASE --event--> NEXT``; any other pair in :data:`NEXT` stays."""
+_ALL = tuple(Phase)
+NEXT = _table(
+    _MOVES,
+    {
+        # Refused: a restore or an end came first.
+        Event.INSTALL: (Phase.FELL_BACK, Phase.ENDED),
+        Event.KEEP: (Phase.FELL_BACK, Phase.ENDED),
+        Event.OFFER: (Phase.FELL_BACK, Phase.ENDED),
+        # Nothing left to do (a second run of a transition an exception cut short, too).
+        Event.OFFERED: (Phase.CREDITED, Phase.CUT_SHORT, Phase.ENDED),
+        # Whatever the phase: these never raise.
+        Event.RESTORE: _ALL,
+        Event.END: _ALL,
+        Event.SETTLE: _ALL,
+        Event.FORKED: _ALL,
+    },
+)
+"""(phase, event) -> the next phase: every move a start-up can make, and nothing else."""
+
 _STANDS = frozenset({Phase.OFFERING, Phase.CREDITED, Phase.KEPT, Phase.ENDING, Phase.CUT_SHORT})
 """Phases in which the host relies on the install: its allocator may hold the credit, or (KEPT)
 its measured KV cache counts on the races reading weights."""
+_MID_STEP = frozenset({Phase.INSTALLING, Phase.FALLING_BACK, Phase.ENDING})
+"""The start-up's own thread is inside a step: what a restore asks for waits for it to leave."""
+
+
+class PhaseError(RuntimeError):
+    """An event in a phase the table has no move for: a bug in the plugin, never the host's."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +216,7 @@ class Startup:
     _rounds: ClassVar[Iterator[int]] = itertools.count()
 
     def __init__(self, owner: object, token: object, wording: Wording) -> None:
-        self.phase = Phase.BEGUN
+        self.phase = Phase.BEGUN  # not a move: the start-up does not exist before this line
         self.wording = wording
         self.thread = threading.get_ident()
         self.offered_bytes = 0
@@ -141,7 +231,20 @@ class Startup:
         self._eviction: WeightEviction | None = None
         self._undo: list[Callable[[], None]] = []
         self._handed: list[ReclaimReport] = []  # every report handed out: each ends the start-up
-        self._in_offer = False  # add_reclaimed is running (set by offer, cleared by offered)
+
+    def _step(self, event: Event) -> Phase:
+        """The one place the phase moves: ``event`` in the current phase, by :data:`NEXT`.
+
+        Returns the phase it lands on. The read and the write are one line with no call
+        of Python code between them, so a signal handler on this thread (which runs
+        between lines, and may restore or end the start-up) runs before the move or after
+        it, never inside. Raises :class:`PhaseError` for a pair the table does not have.
+        """
+        try:
+            self.phase = now = NEXT[(was := self.phase), event]
+        except KeyError:
+            raise PhaseError(f"{event.value} in phase {was.value}: not in the table") from None
+        return now
 
     # -- the slot ---------------------------------------------------------------------------
 
@@ -154,7 +257,7 @@ class Startup:
         """
         made = cls(owner, token, wording)
         with cls._lock:
-            if cls._active is None and not setattr(cls, "_active", made):  # type: ignore[func-returns-value]  # one line: see _move
+            if cls._active is None and not setattr(cls, "_active", made):  # type: ignore[func-returns-value]  # one line: see _step
                 return made
             active = cls._active
             if active is None:  # a signal handler began and ended one between the two lines
@@ -164,7 +267,8 @@ class Startup:
     def _how(self, owner: object) -> str:
         if self.phase is Phase.ENDING:
             return (
-                "a call while the last start-up is ending (startup_complete came during its offer)"
+                "a call while the last start-up is ending (startup_complete came during its "
+                "install or its offer)"
             )
         if self._owner() is not owner and self.report is not None:
             return "a second model's call (another runtime's start-up is active)"
@@ -190,17 +294,16 @@ class Startup:
 
     @classmethod
     def _after_fork_in_child(cls) -> None:
-        """A fresh lock (its holder is not in the child); an offer's thread is not there either."""
+        """A fresh lock (its holder is not in the child); the start-up's thread may not be there.
+
+        Forked by the start-up's own thread, the child goes on with its step as it was.
+        """
         cls._lock = threading.RLock()
         active = cls._active
-        if active is None or (active.thread == threading.get_ident() and not active._in_offer):
-            return  # forked by the start-up's own thread, between its steps: all is as it was
-        active._in_offer = False
-        active._move(Phase.INSTALLING, Phase.INSTALLED)  # its installer is not in the child
-        if active.phase is Phase.OFFERING:
-            active.phase = Phase.CREDITED  # the child's allocator holds what the parent's did
-        elif active.phase in (Phase.ENDING, Phase.BEGUN, Phase.INSTALLED):
-            active._finish()  # ended in the parent, or its hook cannot finish here: nothing offered
+        if active is None or active.thread == threading.get_ident():
+            return
+        if active._step(Event.FORKED) is Phase.ENDED:
+            active._close()
 
     # -- transitions --------------------------------------------------------------------------
 
@@ -209,11 +312,12 @@ class Startup:
 
         Raises :class:`InstallError` if the start-up is no longer BEGUN (it ended, or
         ``restore()`` ran). b12x's modules are changed under the lock (no host code
-        runs there), so another thread's restore waits for the whole change; a restore
-        on this thread meanwhile (a signal handler) is finished once the change is whole.
+        runs there), so another thread's restore or end waits for the whole change; one
+        on this thread meanwhile (a signal handler) is recorded (FALLING_BACK, ENDING)
+        and carried out here once the change is over, so no undo runs before its change.
         """
         with self._lock:
-            if not self._move(Phase.BEGUN, Phase.INSTALLING):
+            if self._step(Event.INSTALL) is not Phase.INSTALLING:
                 raise InstallError(
                     f"{self.wording.ends} ran, or restore() did, before the eviction was "
                     "installed; stock b12x kept"
@@ -222,22 +326,18 @@ class Startup:
             try:
                 seam.install(eviction, self._undo)
             finally:
-                whole = self._move(Phase.INSTALLING, Phase.INSTALLED)
-        if not whole:
+                now = self._step(Event.INSTALLED)
+        if now is Phase.ENDED:
+            self._close()
+        elif now is Phase.FELL_BACK:
             self.restore()
-
-    def _move(self, since: Phase, to: Phase) -> bool:
-        """Compare-and-set the phase, under the lock the caller holds: the check and the write
-        are one line, so a signal handler on this thread (which runs between lines, and may
-        restore or end the start-up) cannot slip between them."""
-        return self.phase is since and not setattr(self, "phase", to)  # type: ignore[func-returns-value]
 
     def keep(self) -> bool:
         """INSTALLED -> KEPT: the races read the weights until the end and nothing is credited
         (a host that sizes its KV cache by measurement); ``False`` if a restore or end came
         first."""
         with self._lock:
-            return self._move(Phase.INSTALLED, Phase.KEPT)
+            return self._step(Event.KEEP) is Phase.KEPT
 
     def agreement_round(self) -> int:
         """This start-up's number in the tensor-parallel agreement: every rank's n-th is alike."""
@@ -252,43 +352,37 @@ class Startup:
         """
         with self._lock:
             # Written first, read only once the phase says OFFERING (audit, ends_with).
-            self.offered_bytes, self._in_offer = report.reclaimed_bytes, True
+            self.offered_bytes = report.reclaimed_bytes
             self._handed.append(report)
-            if self._move(Phase.INSTALLED, Phase.OFFERING):
-                return True
-            self._in_offer = False
-            return False
+            return self._step(Event.OFFER) is Phase.OFFERING
 
     @_resumed
     def offered(self, error: BaseException | None) -> None:
         """OFFERING -> CREDITED (ENDING -> ENDED): the allocator returned, or raised ``error``."""
         with self._lock:
-            self._in_offer = False
             if error is not None and self.allocator_error is None:
                 self.allocator_error = described(error, 500)
-            self._move(Phase.OFFERING, Phase.CREDITED)
-            ending = self.phase is Phase.ENDING
-        if ending:
-            self._finish()
+            now = self._step(Event.OFFERED)
+        if now is Phase.ENDED:
+            self._close()
 
     @_resumed
     def settle(self, report: ReclaimReport | None, escaped: bool) -> None:
         """The caller's exit: keep the install if and only if the offer began, else restore.
 
         ``escaped``: an exception leaves the caller; a start-up that offered nothing then
-        ends too, so a retry begins anew. The caller has left the offer, whatever cut it
-        short. Reads the phase, so a second call changes nothing.
+        ends too, so a retry begins anew. The caller has left its install and its offer,
+        whatever cut them short. Reads the phase, so a second call changes nothing.
         """
         with self._lock:
             if report is not None and self.report is None:
                 self.report = report
-            self._move(Phase.INSTALLING, Phase.INSTALLED)  # install() was cut short here
-            self._move(Phase.OFFERING, Phase.CREDITED)  # offered() was cut short: it is over
-            self._in_offer = False
-            phase = self.phase
-        if phase is Phase.ENDING or (escaped and phase not in _STANDS):
-            self._finish()
-        elif phase in (Phase.BEGUN, Phase.INSTALLED):
+            now = self._step(Event.SETTLE)
+            if escaped and now not in _STANDS:
+                now = self._step(Event.END)
+        if now is Phase.ENDED:
+            self._close()
+        elif now in (Phase.BEGUN, Phase.INSTALLED, Phase.FELL_BACK):
             self.restore()
 
     @_resumed
@@ -297,15 +391,13 @@ class Startup:
 
         Safe from any thread and from a signal handler; never raises an ``Exception``
         (an undo step that fails stays, is tried again by the next call, and its error is
-        kept in :attr:`undo_error`); each step is dropped only once it ran.
+        kept in :attr:`undo_error`); each step is dropped only once it ran. Inside a step
+        of the start-up's own thread (:data:`_MID_STEP`) it is recorded, and that step
+        restores as it leaves.
         """
         with self._lock:
-            if self.phase is Phase.INSTALLING:
-                # A signal handler on the installing thread: install() restores once the
-                # change is whole, since an undo that ran before its change undoes nothing.
-                self.phase = Phase.FELL_BACK
+            if self._step(Event.RESTORE) in _MID_STEP:
                 return
-            self.phase = _AFTER_RESTORE.get(self.phase, self.phase)
             steps = list(self._undo)
         for step in reversed(steps):
             if not self._undone(step):
@@ -366,9 +458,10 @@ class Startup:
         """``startup_complete(ender)``: the audit, stock b12x back, the slot free; or a refusal.
 
         Ends only the start-up ``ender`` ends (:meth:`ends_with`), else one line and
-        nothing changes (``own_only``: silently, unless ``ender`` owns it). During the offer,
-        the restore waits for the allocator to return. The audit line is logged even if an
-        exception cuts the restore short. Never raises an ``Exception``: a fault is one line.
+        nothing changes (``own_only``: silently, unless ``ender`` owns it). Inside a step of
+        the start-up's own thread (the install, the offer) the end is recorded (ENDING) and
+        that step closes as it leaves. The audit line is logged even if an exception cuts
+        the close short. Never raises an ``Exception``: a fault is one line.
         """
         try:
             return cls._end(ender, own_only)
@@ -383,28 +476,27 @@ class Startup:
             active = cls._active
             if active is None or (own_only and not active.owned_by(ender)):
                 return StartupAudit(mechanism="none")
-            if active.phase is Phase.ENDED:  # another call is ending it right now
-                return StartupAudit(mechanism="none")
-            if not active.ends_with(ender):
+            ended = active.phase is Phase.ENDED  # another call is closing it, or was cut short
+            if not ended and not active.ends_with(ender):
                 audit = StartupAudit(mechanism="none", refused=active._refusal(ender))
                 say(log, logging.WARNING, "flare_l2evict: %s", audit.refused)
                 return audit
             kept = active.phase not in (Phase.BEGUN, Phase.FELL_BACK, Phase.ENDED)
             audit = active.audit() if kept else StartupAudit(mechanism="none")
-            active._move(Phase.OFFERING, Phase.ENDING)
+            now = active._step(Event.END)
+        if ended:
+            active._close()  # idempotent: finishes what the first call began
+            return audit
         try:
-            if active.phase is not Phase.ENDING:
-                active._finish()
+            if now is Phase.ENDED:
+                active._close()
         finally:
             active._log_audit(audit)
         return audit
 
     @_resumed
-    def _finish(self) -> None:
-        """ENDED: restored, and the slot free for the next start-up. ENDED comes first, so an
-        end on another thread meanwhile sees the start-up over (not cut short by a restore)."""
-        with self._lock:
-            self.phase = Phase.ENDED
+    def _close(self) -> None:
+        """After ENDED: stock b12x back, the weights released, the slot free for the next."""
         self.restore()
         with self._lock:
             if Startup._active is self:

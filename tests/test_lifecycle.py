@@ -45,13 +45,25 @@ import threading
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from support.figures import MiB
-from support.hosts import CREDIT, JOBS, L2, PM, complete, hook, runtime, seam_is_ours
+from support.hosts import (
+    CREDIT,
+    JOBS,
+    L2,
+    PM,
+    WitnessAllocatorStandIn,
+    complete,
+    hook,
+    runtime,
+    seam_is_ours,
+)
 from support.startups import end_any, installed
 
 import flare_l2evict
@@ -60,12 +72,7 @@ from flare_l2evict import (
     ReclaimReport,
     StartupAudit,
     _core,
-    _eviction,
     _program,
-    _read_host,
-    _request,
-    _startup,
-    plugin,
 )
 from flare_l2evict._b12x import seam
 from flare_l2evict._eviction import EvictionHandle
@@ -273,110 +280,119 @@ def test_a_signal_that_raises_during_add_reclaimed_keeps_the_credit_backed_until
 
 
 # 4. An asynchronous exception at every point of the hook.
-def _codes(owner: object) -> set[types.CodeType]:
-    """The code of every function and method defined in ``owner`` (a module or a class), the
-    transitions behind ``Startup``'s resuming wrapper included."""
-    found: set[types.CodeType] = set()
-    name = getattr(owner, "__module__", None) or getattr(owner, "__name__", "")
-    for value in vars(owner).values():
-        function = getattr(value, "__func__", value)
-        while function is not None:
-            code = getattr(function, "__code__", None)
-            if code is not None and getattr(function, "__module__", None) == name:
-                found.add(code)
-            function = getattr(function, "__wrapped__", None)
-    return found
-
-
-# The start-up object, both adapters, the core, the seam and the eviction: every line.
-_TRACED = set().union(
-    *map(_codes, (_core, _startup, _read_host, _request, _program, plugin, seam)),
-    *map(_codes, (Startup, _program._Block, seam.StockSeam, seam.Seam, _eviction.WeightEviction)),
+_RUNTIME = Path(flare_l2evict.__file__).parent
+_TRACED = frozenset(
+    str(path) for path in _RUNTIME.rglob("*.py") if _RUNTIME / "tools" not in path.parents
 )
+"""Every file of the runtime (what a server imports; ``tools/`` is not): every line of them,
+nested functions, lambdas and comprehensions included, is a point the sweeps stop at."""
+
+
+def _traced(code: types.CodeType) -> bool:
+    return code.co_filename in _TRACED
 
 
 class AsynchronousInterrupt(KeyboardInterrupt):
     """What a signal handler raises, delivered at a chosen line of the hook."""
 
 
-def _leaving_a_with(frame: types.FrameType, entered: set[tuple[int, int]]) -> bool:
-    """Whether this line event is a ``with`` statement's exit (its line, seen again).
+Line = tuple[str, int]
+"""A runtime line: its file and its number."""
 
-    CPython reports the exit of a ``with`` block as a second event on its line,
-    before ``__exit__`` runs and outside the block's exception handler, so an
-    exception a trace function raises there skips ``__exit__`` (bpo-29988). A
-    signal handler cannot raise there: CPython runs them at calls and backward
-    jumps, inside the block. So the test raises on entry, never on that event.
-    """
-    key = (id(frame), frame.f_lineno)
-    if (id(frame), -1) not in entered:
-        entered.add((id(frame), -1))
-        caller = frame.f_back
-        if caller is None or caller.f_code not in _TRACED:
-            # The first line of an entry (a hook, a block's enter or exit, restore()): an
-            # exception there is one raised in the host's own call, before the plugin ran.
-            return True
-    line = [linecache.getline(frame.f_code.co_filename, frame.f_lineno)]
-    if line[0].lstrip().startswith("try:"):
-        # A ``try:`` line runs nothing (no point a signal handler runs at); an exception
-        # there is one before the function's first line, i.e. before the hook was called.
+
+def _host(trace: Any) -> None:
+    """A host's hook, then its startup_complete, under ``trace``."""
+    host = runtime()
+    _run_traced(functools.partial(hook, host), trace)
+    _run_traced(functools.partial(complete, host), trace)
+
+
+def _block(trace: Any) -> None:
+    """One evicting_from block, entered and left under ``trace``."""
+    tensors = {"w": torch.empty(64 * MiB // 4)}  # uninitialised: no race reads them here
+    block = flare_l2evict.evicting_from(tensors, race_jobs=JOBS, l2_cache_bytes=L2)
+    _run_traced(block.__enter__, trace)
+    _run_traced(lambda: block.__exit__(None, None, None), trace)
+
+
+def _run_traced(call: Callable[[], object], trace: Any) -> bool:
+    """Run ``call`` under ``trace``; whether the armed exception interrupted it."""
+    sys.settrace(trace)
+    try:
+        call()
+    except AsynchronousInterrupt:
         return True
-    if not line[0].lstrip().startswith("with "):
-        return False
-    if key in entered:
-        return True
-    entered.add(key)
+    finally:
+        sys.settrace(None)
     return False
 
 
-def _forget_on_return(frame: types.FrameType, event: str, entered: set[tuple[int, int]]) -> None:
-    """A frame that returns (or unwinds) forgets its ``with`` lines: its id may be reused."""
-    if event == "return":
-        entered.difference_update({key for key in entered if key[0] == id(frame)})
+@functools.cache
+def _first_hits(run: Callable[[Any], None]) -> tuple[Line, ...]:
+    """Every runtime line ``run`` reaches, each once, in the order it is first reached.
 
-
-def _interrupt_at(point: int) -> Callable[[types.FrameType, str, Any], Any]:
-    """A trace function that raises at the ``point``-th line the hook's steps run (0: never)."""
-    seen = 0
-    entered: set[tuple[int, int]] = set()
+    Left out, as no signal handler's exception or call can come from inside the plugin
+    there: the first line of a frame the host entered (a hook, a block's enter or exit,
+    ``restore()``: an exception there is raised in the host's own call, before the plugin
+    ran) and ``try:`` lines (they run nothing). A ``with`` line's second event (its exit,
+    bpo-29988: an exception a trace function raises there skips ``__exit__``, which a
+    signal handler's cannot) is never a first hit.
+    """
+    order: dict[Line, None] = {}
+    seen: set[Line] = set()
+    fresh: dict[int, bool] = {}  # frame id -> entered by the host, until its first line
 
     def local(frame: types.FrameType, event: str, arg: Any) -> Any:
-        nonlocal seen
-        _forget_on_return(frame, event, entered)
-        if event == "line" and not _leaving_a_with(frame, entered):
-            seen += 1
-            if seen == point:
-                raise AsynchronousInterrupt(f"at line {frame.f_lineno} of {frame.f_code.co_name}")
+        if event != "line":
+            return local
+        entry = fresh.pop(id(frame), False)
+        line = (frame.f_code.co_filename, frame.f_lineno)
+        if line not in seen:
+            seen.add(line)
+            text = linecache.getline(*line).lstrip()
+            if not entry and not text.startswith("try:"):
+                order[line] = None
         return local
 
     def trace(frame: types.FrameType, event: str, arg: Any) -> Any:
-        return local if frame.f_code in _TRACED else None
-
-    return trace
-
-
-def _host(trace: Any) -> bool:
-    """A host's hook, then its startup_complete, under ``trace``; whether it was interrupted."""
-    host = runtime()
-    return _run_traced(functools.partial(hook, host), trace) | _run_traced(
-        functools.partial(complete, host), trace
-    )
-
-
-def _lines_run(run: Callable[[Any], bool] = _host) -> int:
-    """How many traced lines ``run`` runs (its first, one-off lines run before the count)."""
-    count = 0
-    entered: set[tuple[int, int]] = set()
-
-    def local(frame: types.FrameType, event: str, arg: Any) -> Any:
-        nonlocal count
-        _forget_on_return(frame, event, entered)
-        count += event == "line" and not _leaving_a_with(frame, entered)
+        if not _traced(frame.f_code):
+            return None
+        caller = frame.f_back
+        fresh[id(frame)] = caller is None or not _traced(caller.f_code)
         return local
 
-    run(None)
-    run(lambda frame, event, arg: local if frame.f_code in _TRACED else None)
-    return count
+    run(None)  # one-off first lines (imports, caches) run before the count
+    run(trace)
+    return tuple(order)
+
+
+def _at(target: Line, act: Callable[[], object]) -> tuple[Callable[..., Any], list[Line]]:
+    """A trace function that runs ``act`` at the first hit of ``target``, and whether it did.
+
+    As a signal handler would: on the start-up's own thread, between two lines. After it
+    fired, nothing more is traced (what ``act`` runs included).
+    """
+    fired: list[Line] = []
+    file, number = target
+
+    def local(frame: types.FrameType, event: str, arg: Any) -> Any:
+        if event == "line" and not fired and frame.f_lineno == number:
+            if frame.f_code.co_filename == file:
+                fired.append(target)
+                act()
+        return local
+
+    def trace(frame: types.FrameType, event: str, arg: Any) -> Any:
+        return None if fired or not _traced(frame.f_code) else local
+
+    return trace, fired
+
+
+def _raise(where: str) -> Callable[[], None]:
+    def interrupt() -> None:
+        raise AsynchronousInterrupt(where)
+
+    return interrupt
 
 
 def _free_for_another_thread() -> bool:
@@ -393,103 +409,111 @@ def _free_for_another_thread() -> bool:
     return got == [True]
 
 
-def _run_traced(call: Callable[[], object], trace: Any) -> bool:
-    """Run ``call`` under ``trace``; whether the armed exception interrupted it."""
-    sys.settrace(trace)
-    try:
-        call()
-    except AsynchronousInterrupt:
-        return True
-    finally:
-        sys.settrace(None)
-    return False
-
-
-@functools.cache
-def _points() -> int:
-    """How many traced lines one start-up runs, hook and startup_complete (counted once)."""
-    return _lines_run()
-
-
-_SLICES = 8  # one test per slice, each well under 30 s: the sweep never goes silent for long
-
-
-def _interrupt_and_check(point: int) -> bool:
-    """Interrupt a start-up at traced line ``point``; the four promises hold after it."""
-    allocator = ReferenceKVAllocator(1024)
-    # Uninitialised: no race reads them here, and 500 memsets of 64 MiB cost seconds.
-    host = runtime(allocator=allocator, tensors={"w": torch.empty(64 * MiB // 4)})
-    alive = host.tensors["w"].untyped_storage()._weak_ref()
-    trace = _interrupt_at(point)  # one count over the hook, then startup_complete
-    where = f"interrupted at traced line {point}"
-    interrupted = _run_traced(functools.partial(hook, host), trace)
-    if interrupted:
-        kept = installed()
-        if kept is not None:  # kept: then credited, and backed
-            assert kept.offered_bytes == CREDIT and seam_is_ours(), where
-        else:  # restored: then never credited
-            assert allocator.reclaimed_bytes == 0 and not seam_is_ours(), where
-    interrupted |= _run_traced(functools.partial(complete, host), trace)  # ends what it made
+def _nothing_stranded(where: str, alive: Any) -> None:
+    """After a start-up's end: stock b12x, the slot and lock free, its weights collected."""
     assert installed() is None and not seam_is_ours(), where  # stock b12x bound
     assert Startup.active() is None, f"{where}: a start-up was stranded"
     assert _free_for_another_thread(), f"{where}: the lock was left held"
-    del host
-    if not torch.UntypedStorage._expired(alive):
-        gc.collect()  # only when needed: a full collection takes long on torch's heap
+    for generation in (1, 2):  # the young first: a full collection takes long on torch's heap
+        if not torch.UntypedStorage._expired(alive):
+            gc.collect(generation)
     assert torch.UntypedStorage._expired(alive), f"{where}: the weights are still held"
+
+
+def _a_fresh_start_up_credits(where: str) -> None:
     again = runtime(tensors=_AGAIN)
-    assert hook(again).reclaimed_bytes == CREDIT, where  # a fresh start-up credits again
+    assert hook(again).reclaimed_bytes == CREDIT, where
     complete(again)
-    return interrupted
 
 
 _AGAIN = {"w": torch.empty(64 * MiB // 4)}  # the fresh start-up's weights, made once
+_SLICES = 8  # one test per slice, each well under 30 s: the sweep never goes silent for long
 
 
+def _end_of(host: weakref.ref[ReferenceRuntime]) -> None:
+    """startup_complete with the host's runtime, as its signal handler would call it."""
+    found = host()
+    if found is not None:
+        complete(found)
+
+
+def _host_at(target: Line, how: str) -> None:
+    """A start-up whose hook meets, at the first hit of ``target``, a signal handler that
+    raises (``how = "raise"``) or calls startup_complete with the host's runtime
+    (``"end"``); then its own startup_complete. The promises hold after each."""
+    allocator = WitnessAllocatorStandIn(1024)
+    # Uninitialised: no race reads them here, and 800 memsets of 64 MiB cost seconds.
+    host = runtime(allocator=allocator, tensors={"w": torch.empty(64 * MiB // 4)})
+    alive = host.tensors["w"].untyped_storage()._weak_ref()
+    where = f"{how} at {target[0].rsplit('/', 2)[-1]}:{target[1]}"
+    # Held weakly: a frame the trace function still marks must not keep the host alive.
+    act = _raise(where) if how == "raise" else functools.partial(_end_of, weakref.ref(host))
+    trace, fired = _at(target, act)
+    _run_traced(functools.partial(hook, host), trace)
+    assert allocator.backed in (None, True), f"{where}: a credit applied while unbacked"
+    active = installed()
+    if active is not None:  # kept: then credited, and backed (or a measured install)
+        assert active.offered_bytes == CREDIT and seam_is_ours(), where
+    elif Startup.active() is None:  # ended or restored: then stock, whatever it credited
+        assert not seam_is_ours(), f"{where}: the seam stayed the plugin's after the end"
+    if allocator.reclaimed_bytes and Startup.active() is not None:
+        assert seam_is_ours(), f"{where}: a standing credit is not backed"
+    _run_traced(functools.partial(complete, host), trace)  # ends what it made
+    assert fired, f"{where}: the line was never reached"
+    del host
+    _nothing_stranded(where, alive)
+    _a_fresh_start_up_credits(where)
+
+
+@pytest.mark.parametrize("how", ["raise", "end"])
 @pytest.mark.parametrize("part", range(_SLICES))
-def test_an_asynchronous_exception_anywhere_never_strands_state(part: int) -> None:
-    # Every line of both adapters, the core, the start-up object, the seam and the eviction
-    # (issue 34), from before_first_capture's first line to startup_complete's last.
-    points = _points()
-    assert points > 80  # every step of the hook and of its end is traced
-    mine = range(1 + part, points + 1, _SLICES)
-    assert all(_interrupt_and_check(point) for point in mine)
+def test_a_signal_at_any_runtime_line_of_a_start_up_never_strands_state(
+    part: int, how: str
+) -> None:
+    # Issue 38: the first hit of every line of the runtime (the seam and the provider among
+    # them) from before_first_capture to startup_complete's last: an exception of the
+    # handler's own there, or startup_complete re-entered there, on the hook's thread.
+    lines = _first_hits(_host)
+    assert len(lines) > 400  # every step of the hook and of its end is traced
+    seam_lines = {number for file, number in lines if file.endswith("_b12x/seam.py")}
+    assert _line_of(seam._rebind, "setattr(owner, name, replacement)") in seam_lines
+    for target in lines[part::_SLICES]:
+        _host_at(target, how)
 
 
-def _block(trace: Any) -> bool:
-    """One evicting_from block, entered and left under ``trace``; whether it was interrupted."""
-    tensors = {"w": torch.empty(64 * MiB // 4)}  # uninitialised: no race reads them here
+def _line_of(function: Callable[..., Any], text: str) -> int:
+    source, first = inspect.getsourcelines(function)
+    return first + next(i for i, line in enumerate(source) if line.strip().startswith(text))
+
+
+def _block_at(target: Line) -> None:
+    """One block whose entry or exit meets a signal handler's exception at ``target``."""
+    tensors = {"w": torch.empty(64 * MiB // 4)}
+    alive = tensors["w"].untyped_storage()._weak_ref()
     block = flare_l2evict.evicting_from(tensors, race_jobs=JOBS, l2_cache_bytes=L2)
-    interrupted = _run_traced(block.__enter__, trace) or _run_traced(
-        lambda: block.__exit__(None, None, None), trace
-    )
-    _DONE.append(block)  # its finalizer runs outside the trace, whatever else runs meanwhile
-    return interrupted
-
-
-_DONE: list[object] = []
-
-
-@functools.cache
-def _block_points() -> int:
-    points = _lines_run(_block)
-    _DONE.clear()
-    return points
+    where = f"raise at {target[0].rsplit('/', 2)[-1]}:{target[1]} of a block"
+    trace, fired = _at(target, _raise(where))
+    if not _run_traced(block.__enter__, trace):
+        _run_traced(functools.partial(block.__exit__, None, None, None), trace)
+    assert fired, f"{where}: the line was never reached"
+    del block, tensors  # the program kept its weights for the block; its finalizer ends a
+    # start-up whose exit was cut short
+    _nothing_stranded(where, alive)
+    with flare_l2evict.evicting_from(_AGAIN, race_jobs=JOBS, l2_cache_bytes=L2) as report:
+        assert report.reclaimed_bytes == CREDIT, where  # a fresh block credits again
 
 
 @pytest.mark.parametrize("part", range(_SLICES // 2))
-def test_an_asynchronous_exception_anywhere_in_a_block_never_strands_state(part: int) -> None:
-    # Both ends of a program's block (issue 34): its entry, the core, its exit.
-    points = _block_points()
-    assert points > 60
-    for point in range(1 + part, points + 1, _SLICES // 2):
-        where = f"interrupted at traced line {point} of a block"
-        assert _block(_interrupt_at(point)), where
-        _DONE.clear()
-        assert not seam_is_ours() and Startup.active() is None, where
-        assert _free_for_another_thread(), f"{where}: the lock was left held"
-        with flare_l2evict.evicting_from(_AGAIN, race_jobs=JOBS, l2_cache_bytes=L2) as report:
-            assert report.reclaimed_bytes == CREDIT, where  # a fresh block credits again
+def test_an_asynchronous_exception_at_any_runtime_line_of_a_block_never_strands_state(
+    part: int,
+) -> None:
+    # Both ends of a program's block: its entry, the core, its exit; after each, the
+    # block's weights are collected (issue 38: a raise at the provider's version lookup
+    # kept them).
+    lines = _first_hits(_block)
+    assert len(lines) > 300
+    for target in lines[part :: _SLICES // 2]:
+        _block_at(target)
 
 
 # 5. An allocator whose add_reclaimed is a coroutine function.
@@ -741,11 +765,14 @@ def test_an_interrupt_with_nothing_offered_lets_a_fresh_runtime_start() -> None:
 # restore() and the block's exit at the lines the re-attack found (issue 28).
 
 
-def _restore_at(function: Callable[..., Any], text: str) -> Callable[[Any, str, Any], Any]:
-    """A trace function that runs ``flare_l2evict.restore()`` once, at ``function``'s line ``text``.
+def _call_at(
+    function: Callable[..., Any], text: str, call: Callable[[], object] = flare_l2evict.restore
+) -> Callable[[Any, str, Any], Any]:
+    """A trace function that runs ``call`` once, at ``function``'s line ``text`` (default:
+    ``flare_l2evict.restore()``).
 
-    As an operator's signal handler would: on the start-up's own thread, under
-    the re-entrant process lock where the line holds it.
+    As a signal handler would: on the start-up's own thread, under the re-entrant
+    process lock where the line holds it.
     """
     code = getattr(function, "__func__", function).__code__
     lines, first = inspect.getsourcelines(code)
@@ -755,7 +782,7 @@ def _restore_at(function: Callable[..., Any], text: str) -> Callable[[Any, str, 
     def local(frame: Any, event: str, arg: Any) -> Any:
         if event == "line" and frame.f_lineno == target and not fired:
             fired.append(target)
-            flare_l2evict.restore()
+            call()
         return local
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
@@ -769,7 +796,7 @@ def _restore_at(function: Callable[..., Any], text: str) -> Callable[[Any, str, 
     ("where", "text"),
     [
         ("core._run", "report = _report_of("),  # after the agreement, before the offer
-        ("Startup.offer", "if self._move(Phase.INSTALLED, Phase.OFFERING):"),  # its commit
+        ("Startup.offer", "return self._step(Event.OFFER) is Phase.OFFERING"),  # its commit
         ("Startup.install", "seam.install(eviction, self._undo)"),  # b12x not changed yet
         ("seam._rebind", "setattr(owner, name, replacement)"),  # mid-patch
     ],
@@ -783,7 +810,7 @@ def test_a_restore_during_the_hook_never_leaves_a_credit_unbacked_or_the_seam_pa
         "Startup.install": Startup.install,
         "seam._rebind": seam._rebind,
     }[where]
-    tracer = _restore_at(function, text)
+    tracer = _call_at(function, text)
     host = runtime()
     sys.settrace(tracer)
     try:
@@ -803,6 +830,75 @@ def test_a_restore_during_the_hook_never_leaves_a_credit_unbacked_or_the_seam_pa
     fresh = runtime()
     assert hook(fresh).reclaimed_bytes > 0 and seam_is_ours()
     complete(fresh)
+
+
+@pytest.mark.parametrize(
+    ("text", "restore_first"),
+    [
+        ("setattr(owner, name, replacement)", False),
+        ("undo.append(put_back)", False),
+        ("setattr(owner, name, replacement)", True),
+    ],
+    ids=["between-register-and-change", "before-register", "restore-then-end-in-between"],
+)
+def test_startup_complete_mid_change_of_the_seam_leaves_stock_bound(
+    text: str, restore_first: bool
+) -> None:
+    # Issue 38: startup_complete re-entered on the hook's thread between an undo's
+    # registration and its change ran the undo first (nothing to put back), then the
+    # change was made: the seam stayed the plugin's after the start-up had ended.
+    host = runtime()
+
+    def signal_handler() -> None:
+        if restore_first:
+            flare_l2evict.restore()
+        complete(host)
+
+    tracer = _call_at(seam._rebind, text, signal_handler)
+    sys.settrace(tracer)
+    try:
+        report = hook(host)
+    finally:
+        sys.settrace(None)
+    assert tracer.fired  # type: ignore[attr-defined]
+    assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
+    assert "startup_complete ran" in (report.reason or ""), report.reason
+    assert not seam_is_ours() and Startup.active() is None
+    fresh = runtime()
+    assert hook(fresh).reclaimed_bytes == CREDIT and seam_is_ours()
+    complete(fresh)
+
+
+class ProviderInterrupt(KeyboardInterrupt):
+    """A signal handler's exception, raised inside the provider's version lookup."""
+
+
+def test_an_exception_at_the_provider_version_lookup_leaves_no_weights_held() -> None:
+    # Issue 38: raised in a block's entry at `_version`'s `return None` (while the lookup's
+    # PackageNotFoundError is being handled), the block's weights stayed alive after the
+    # block ended and after gc.collect().
+    from flare_l2evict._b12x import provider
+
+    tensors = {"w": torch.empty(64 * MiB // 4)}
+    alive = tensors["w"].untyped_storage()._weak_ref()
+    block = flare_l2evict.evicting_from(tensors, race_jobs=JOBS, l2_cache_bytes=L2)
+    del tensors
+
+    def interrupt() -> None:
+        raise ProviderInterrupt("at the version lookup")
+
+    tracer = _call_at(provider._version, "return None", interrupt)
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(ProviderInterrupt), block:
+            pass
+    finally:
+        sys.settrace(None)
+    assert tracer.fired  # type: ignore[attr-defined]
+    del block
+    gc.collect()
+    assert not seam_is_ours() and Startup.active() is None
+    assert torch.UntypedStorage._expired(alive), "the block's weights are still held"
 
 
 def test_an_exception_at_the_entry_of_a_blocks_exit_still_ends_its_start_up() -> None:

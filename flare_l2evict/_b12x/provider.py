@@ -26,10 +26,16 @@ def versions() -> tuple[str | None, str | None]:
 
 
 def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """The installed distribution's version, or ``None``: found without raising.
+
+    b12x has no distribution of its own where flashinfer-python ships it, so a raise and
+    catch here would run on every start-up; no exception is handled on the start-up's
+    path (under CPython 3.11 one raised from a trace function inside a handler leaves the
+    handled one on the thread, and with it every frame above, the host's weights too).
+    """
+    for found in importlib.metadata.distributions(name=name):
+        return str(found.version)
+    return None
 
 
 def running_torch_version() -> str | None:

@@ -120,3 +120,13 @@ def complete(of: Any) -> StartupAudit:
     audit: StartupAudit
     (audit,) = PM.hook.startup_complete(runtime=of)
     return audit
+
+
+class WitnessAllocatorStandIn(ReferenceKVAllocator):
+    """Notes whether the seam was the plugin's when the credit was applied."""
+
+    backed: bool | None = None
+
+    def add_reclaimed(self, report: ReclaimReport) -> None:
+        self.backed = seam_is_ours()
+        super().add_reclaimed(report)
