@@ -40,6 +40,7 @@ Invariants the KV allocator relies on:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import gc
@@ -322,8 +323,8 @@ class Startup:
                     f"{self.wording.ends} ran, or restore() did, before the eviction was "
                     "installed; stock b12x kept"
                 )
-            self._seam, self._eviction = seam, eviction
             try:
+                self._seam, self._eviction = seam, eviction
                 seam.install(eviction, self._undo)
             finally:
                 now = self._step(Event.INSTALLED)
@@ -400,11 +401,12 @@ class Startup:
                 return
             steps = list(self._undo)
         for step in reversed(steps):
-            if not self._undone(step):
-                continue
+            # Under the lock, and only while still registered: a step another restore ran
+            # meanwhile (and the next start-up's install since) is not run again here.
             with self._lock:
-                if step in self._undo:
-                    self._undo.remove(step)
+                if step in self._undo and self._undone(step):
+                    with contextlib.suppress(ValueError):  # a nested restore dropped it
+                        self._undo.remove(step)
         with self._lock:
             if not self._undo:
                 self.undo_error = None
@@ -499,8 +501,9 @@ class Startup:
         """After ENDED: stock b12x back, the weights released, the slot free for the next."""
         self.restore()
         with self._lock:
-            if Startup._active is self:
-                Startup._active = None
+            # One line, compare and clear: a signal handler that ended this start-up and began
+            # the next between a check and a write would have its slot cleared.
+            Startup._active is self and setattr(Startup, "_active", None)  # type: ignore[func-returns-value]
 
     def _refusal(self, ender: object) -> str:
         whose = "None" if ender is None else "a runtime that began no start-up in progress here"

@@ -282,10 +282,12 @@ def test_a_signal_that_raises_during_add_reclaimed_keeps_the_credit_backed_until
 # 4. An asynchronous exception at every point of the hook.
 _RUNTIME = Path(flare_l2evict.__file__).parent
 _TRACED = frozenset(
-    str(path) for path in _RUNTIME.rglob("*.py") if _RUNTIME / "tools" not in path.parents
+    [str(path) for path in _RUNTIME.rglob("*.py") if _RUNTIME / "tools" not in path.parents]
+    + [str(_RUNTIME / "tools" / "_choose_weights.py")]  # the tools' install, a start-up too
 )
-"""Every file of the runtime (what a server imports; ``tools/`` is not): every line of them,
-nested functions, lambdas and comprehensions included, is a point the sweeps stop at."""
+"""Every file of the runtime (what a server imports; ``tools/`` is not, but for the tools'
+install): every line of them, nested functions, lambdas and comprehensions included, is a
+point the sweeps stop at."""
 
 
 def _traced(code: types.CodeType) -> bool:
@@ -514,6 +516,120 @@ def test_an_asynchronous_exception_at_any_runtime_line_of_a_block_never_strands_
     assert len(lines) > 300
     for target in lines[part :: _SLICES // 2]:
         _block_at(target)
+
+
+def _tools_install(trace: Any) -> None:
+    """The tools' install around nothing, entered and left under ``trace``."""
+    from flare_l2evict._b12x.proof import measure_basis
+    from flare_l2evict.tools._choose_weights import choose_weights, install
+
+    chosen = choose_weights(_AGAIN, "cpu", MiB)
+    basis = measure_basis(torch.device("cpu"), L2, flare_l2evict.L2EvictSettings(), 0)
+
+    def held_for_a_block() -> None:
+        with install(chosen, basis) as installed:
+            assert installed.mechanism == "stock-seam"
+
+    _run_traced(held_for_a_block, trace)
+
+
+def test_a_signal_at_any_line_of_the_tools_install_never_strands_state() -> None:
+    # The tools' `with install(...)`: an exception at the first hit of every line its entry
+    # and its exit run (Installed, and the start-up below it) leaves the slot free and stock
+    # bound, and the next start-up credits. Before, one between Startup.begin and the
+    # handle's finalizer stranded the slot, one inside Startup.install before its try left
+    # ENDING for ever, and one inside Installed.end() between its two steps left the seam.
+    lines = _first_hits(_tools_install)
+    assert len(lines) > 100
+    for target in lines:
+        where = f"raise at {target[0].rsplit('/', 2)[-1]}:{target[1]} of the tools' install"
+        trace, fired = _at(target, _raise(where))
+        _tools_install(trace)
+        assert fired, f"{where}: the line was never reached"
+        gc.collect()  # a handle whose exit was cut short ends when dropped
+        assert not seam_is_ours() and Startup.active() is None, where
+        _a_fresh_start_up_credits(where)
+
+
+def test_a_restore_reentered_inside_restore_keeps_the_returned_audit_true() -> None:
+    # A nested restore() dropped the step the outer one was about to drop: the outer's
+    # ValueError reached startup_complete, which returned "nothing was installed".
+    host = runtime()
+    assert hook(host).reclaimed_bytes == CREDIT
+    tracer = _call_at(Startup.restore.__wrapped__, "self._undo.remove(step)")  # type: ignore[attr-defined]
+    sys.settrace(tracer)
+    try:
+        audit = complete(host)
+    finally:
+        sys.settrace(None)
+    assert tracer.fired  # type: ignore[attr-defined]
+    assert audit.credited_bytes == CREDIT and audit.mechanism == "stock-seam", audit
+    assert not seam_is_ours() and Startup.active() is None
+
+
+def test_a_start_up_begun_inside_the_last_ones_close_keeps_its_slot() -> None:
+    # A signal handler inside model A's close ends A and starts model B; A's close then
+    # cleared the slot B held: B stood patched and credited with nothing able to end it.
+    first, second = runtime(), runtime()
+    assert hook(first).reclaimed_bytes == CREDIT
+    began: list[ReclaimReport] = []
+
+    def signal_handler() -> None:
+        complete(first)
+        began.append(hook(second))
+
+    tracer = _call_at(Startup._close.__wrapped__, "Startup._active is self", signal_handler)  # type: ignore[attr-defined]
+    sys.settrace(tracer)
+    try:
+        complete(first)
+    finally:
+        sys.settrace(None)
+    assert tracer.fired and began[0].reclaimed_bytes == CREDIT  # type: ignore[attr-defined]
+    active = Startup.active()
+    assert active is not None and active.owned_by(second) and seam_is_ours()
+    assert complete(second).credited_bytes == CREDIT
+    assert not seam_is_ours() and Startup.active() is None
+
+
+def test_a_stale_restore_on_another_thread_never_undoes_the_next_start_ups_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An operator's restore() on another thread, preempted after it read start-up A's undo
+    # steps; meanwhile A ends and B installs through the fork's API. Resumed, it ran A's
+    # `fork(None)`: B stood credited with nothing installed, and its audit said nothing.
+    handed: list[object] = []
+    fork_stand_in = types.ModuleType("b12x.comm.pcie")
+    fork_stand_in.use_startup_eviction = lambda storage: handed.append(storage)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
+    first, second = runtime(), runtime()
+    assert hook(first).mechanism == "fork"
+    code = Startup.restore.__wrapped__.__code__  # type: ignore[attr-defined]
+    target = _line_of(Startup.restore.__wrapped__, "for step in reversed(steps):")  # type: ignore[attr-defined]
+    paused, resume = threading.Event(), threading.Event()
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == target and not paused.is_set():
+            paused.set()
+            resume.wait(DEADLINE)  # the scheduler preempts the operator's thread here
+        return local
+
+    def operator() -> None:
+        sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+        try:
+            flare_l2evict.restore()
+        finally:
+            sys.settrace(None)
+
+    other = threading.Thread(target=operator)
+    other.start()
+    assert paused.wait(DEADLINE)
+    complete(first)
+    assert hook(second).reclaimed_bytes == CREDIT and handed[-1] is not None
+    resume.set()
+    other.join()
+    assert handed[-1] is not None, "a stale undo of the last start-up unhooked this one"
+    audit = complete(second)
+    assert audit.credited_bytes == CREDIT and handed[-1] is None
 
 
 # 5. An allocator whose add_reclaimed is a coroutine function.

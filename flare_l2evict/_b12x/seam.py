@@ -206,9 +206,10 @@ def seam_for(basis: CreditBasis) -> Seam:
 
 def _rebind(owner: object, name: str, original: object, replacement: object, undo: Undo) -> None:
     def put_back() -> None:
-        # Only put the original back if nobody replaced ours in the meantime (or it never was).
-        if getattr(owner, name, None) is replacement:
-            setattr(owner, name, original)
+        # Only put the original back if nobody replaced ours in the meantime (or it never was);
+        # one line, so a signal handler that ends this start-up and installs the next runs
+        # before the check or after the write, never between them.
+        getattr(owner, name, None) is replacement and setattr(owner, name, original)  # type: ignore[func-returns-value]
 
     undo.append(put_back)
     setattr(owner, name, replacement)

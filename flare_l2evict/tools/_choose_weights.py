@@ -67,18 +67,19 @@ class Installed:
     def __init__(
         self, choice: WeightChoice, basis: CreditBasis, kernel: Kernel, wording: Wording
     ) -> None:
-        began = Startup.begin(self, object(), wording)
-        if isinstance(began, Busy):
-            raise InstallError(
-                f"{began.active} is already active in this process; fix: end it "
-                "(startup_complete, or leave the `with install(...)` block) before installing "
-                "again"
-            )
-        self.startup = began
-        # Holds the start-up, never this object, so dropping the handle is what runs it.
-        self._dropped = weakref.finalize(self, _ended_when_dropped, began)
-        self._dropped.atexit = False  # the process ends anyway: no line at interpreter exit
+        token = object()  # how leave() finds this start-up, whatever cut the code below short
         try:
+            began = Startup.begin(self, token, wording)
+            if isinstance(began, Busy):
+                raise InstallError(
+                    f"{began.active} is already active in this process; fix: end it "
+                    "(startup_complete, or leave the `with install(...)` block) before "
+                    "installing again"
+                )
+            self.startup = began
+            # Holds the start-up, never this object, so dropping the handle is what runs it.
+            self._dropped = weakref.finalize(self, _ended_when_dropped, began)
+            self._dropped.atexit = False  # the process ends anyway: no line at interpreter exit
             seam = seam_for(basis)
             self.mechanism = seam.mechanism
             self.eviction = WeightEviction(
@@ -86,7 +87,8 @@ class Installed:
             )
             began.install(seam, self.eviction)
         except BaseException:
-            self.end()
+            # The start-up this call began, if any, ends here: the caller gets no handle.
+            Startup.leave(token, None, escaped=True)
             raise
 
     def __enter__(self) -> Installed:
@@ -103,8 +105,9 @@ class Installed:
 
     def end(self) -> StartupAudit:
         """The audit; stock b12x back and the slot free. Ending it again changes nothing."""
-        self._dropped.detach()
-        return Startup.end(self.startup, own_only=True)
+        audit = Startup.end(self.startup, own_only=True)
+        self._dropped.detach()  # after the end: cut short before it, the drop still ends it
+        return audit
 
     def __repr__(self) -> str:
         return repr(self.startup)
