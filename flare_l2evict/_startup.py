@@ -101,7 +101,7 @@ class Event(enum.Enum):
 
 
 def _table(moves: str, stays: dict[Event, tuple[Phase, ...]]) -> dict[tuple[Phase, Event], Phase]:
-    """The table from the docstring's move lines, plus the pairs that leave the phase as it is."""
+    """The table from :data:`_MOVES`' lines, plus the pairs that leave the phase as it is."""
     table: dict[tuple[Phase, Event], Phase] = {}
     for line in moves.strip().splitlines():
         since, name, to = line.replace("--", " ").replace(">", " ").split()

@@ -48,7 +48,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -84,6 +84,7 @@ from flare_l2evict.tools.reference_host import (
 
 measurement = pytest.importorskip("b12x.preparation._measurement")
 DEADLINE = 120.0  # seconds a child may take before the test calls it a hang
+_T = TypeVar("_T")
 RAISE = {"plugins": {"l2evict": {"on_error": "raise"}}}
 
 
@@ -317,15 +318,21 @@ def _block(trace: Any) -> None:
     _run_traced(lambda: block.__exit__(None, None, None), trace)
 
 
-def _run_traced(call: Callable[[], object], trace: Any) -> bool:
-    """Run ``call`` under ``trace``; whether the armed exception interrupted it."""
+def _under(trace: Any, call: Callable[[], _T]) -> _T:
+    """``call()`` under ``trace``; tracing is off again whatever it raised."""
     sys.settrace(trace)
     try:
-        call()
-    except AsynchronousInterrupt:
-        return True
+        return call()
     finally:
         sys.settrace(None)
+
+
+def _run_traced(call: Callable[[], object], trace: Any) -> bool:
+    """Run ``call`` under ``trace``; whether the armed exception interrupted it."""
+    try:
+        _under(trace, call)
+    except AsynchronousInterrupt:
+        return True
     return False
 
 
@@ -559,11 +566,7 @@ def test_a_restore_reentered_inside_restore_keeps_the_returned_audit_true() -> N
     host = runtime()
     assert hook(host).reclaimed_bytes == CREDIT
     tracer = _call_at(Startup.restore.__wrapped__, "self._undo.remove(step)")  # type: ignore[attr-defined]
-    sys.settrace(tracer)
-    try:
-        audit = complete(host)
-    finally:
-        sys.settrace(None)
+    audit = _under(tracer, lambda: complete(host))
     assert tracer.fired  # type: ignore[attr-defined]
     assert audit.credited_bytes == CREDIT and audit.mechanism == "stock-seam", audit
     assert not seam_is_ours() and Startup.active() is None
@@ -581,11 +584,7 @@ def test_a_start_up_begun_inside_the_last_ones_close_keeps_its_slot() -> None:
         began.append(hook(second))
 
     tracer = _call_at(Startup._close.__wrapped__, "Startup._active is self", signal_handler)  # type: ignore[attr-defined]
-    sys.settrace(tracer)
-    try:
-        complete(first)
-    finally:
-        sys.settrace(None)
+    _under(tracer, lambda: complete(first))
     assert tracer.fired and began[0].reclaimed_bytes == CREDIT  # type: ignore[attr-defined]
     active = Startup.active()
     assert active is not None and active.owned_by(second) and seam_is_ours()
@@ -930,11 +929,7 @@ def test_a_restore_during_the_hook_never_leaves_a_credit_unbacked_or_the_seam_pa
     }[where]
     tracer = _call_at(function, text)
     host = runtime()
-    sys.settrace(tracer)
-    try:
-        report = hook(host)
-    finally:
-        sys.settrace(None)
+    report = _under(tracer, lambda: hook(host))
     assert tracer.fired, f"{where}: the line {text!r} never ran"  # type: ignore[attr-defined]
     granted = host.kv_allocator.reclaimed_bytes
     backed = seam_is_ours()
@@ -973,11 +968,7 @@ def test_startup_complete_mid_change_of_the_seam_leaves_stock_bound(
         complete(host)
 
     tracer = _call_at(seam._rebind, text, signal_handler)
-    sys.settrace(tracer)
-    try:
-        report = hook(host)
-    finally:
-        sys.settrace(None)
+    report = _under(tracer, lambda: hook(host))
     assert tracer.fired  # type: ignore[attr-defined]
     assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
     assert "startup_complete ran" in (report.reason or ""), report.reason
