@@ -14,6 +14,7 @@ import torch
 from support.figures import MiB
 from support.hosts import hook, runtime
 
+from flare_l2evict import L2EvictError
 from flare_l2evict.tools._cli import main
 
 
@@ -180,6 +181,11 @@ ARGPARSE_CASES: list[tuple[list[str], str]] = [
         "'9999999999999999999999...[100,000 chars]' must be between 1 and 1,024",
     ),
     (["startup", "--device", "cuda:0\n\u202etpu"], "'cuda:0\\n\\u202etpu' is not a device"),
+    # Issue 41: each passed the old pattern and reached torch.device, a traceback on a GPU.
+    (["startup", "--device", "cuda:007"], "'cuda:007' is not a device"),
+    (["check", "--device", "cuda:0\n"], "'cuda:0\\n' is not a device"),
+    (["startup", "--device", "cuda:\u0663"], "'cuda:\u0663' is not a device"),
+    (["check", "--device", "cuda:\uff10"], "'cuda:\uff10' is not a device"),
     (["plan", "x", "--profile", "z" * 10_000_000], "invalid choice: 'zzzz"),
 ]
 
@@ -312,3 +318,12 @@ def test_a_tensor_name_that_is_not_a_string_is_one_line() -> None:
     assert report.reclaimed_bytes == 0 and report.reason is not None
     assert report.reason.startswith("resident tensor name 7 has type int, not str; fix:")
     assert "\n" not in report.reason and "validation" not in report.reason.lower()
+
+
+def test_a_device_torch_refuses_is_a_usage_error_not_a_traceback() -> None:
+    # The pattern is checked first; whatever still reaches torch and is refused there is the
+    # same one-line usage error (exit 2), never torch's traceback read as "falls back".
+    from flare_l2evict.tools._cli import _device
+
+    with pytest.raises(L2EvictError, match=r"--device cuda:-1: not a device torch knows \("):
+        _device("cuda:-1")

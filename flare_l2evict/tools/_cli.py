@@ -84,11 +84,13 @@ def whole_number_in(low: int, limit: int) -> Any:
 
 
 _WHOLE = re.compile(r"^\s*[+-]?[0-9]+\s*$")
-_DEVICE = re.compile(r"^(cpu|cuda(:\d{1,3})?)$")
+# ASCII digits, no leading zero, whole text: torch.device refuses "cuda:007", "cuda:٣" and a
+# trailing newline ("$" would match before one), which a loose pattern let through to a traceback.
+_DEVICE = re.compile(r"cpu|cuda(:(0|[1-9][0-9]{0,2}))?", re.ASCII)
 
 
 def _device_text(text: str) -> str:
-    if not _DEVICE.match(text):
+    if not _DEVICE.fullmatch(text):
         raise argparse.ArgumentTypeError(
             f"'{shown(text, 40)}' is not a device; use cpu, cuda or cuda:N"
         )
@@ -131,7 +133,13 @@ def _device(text: str) -> torch.device:
     """
     import torch
 
-    device = torch.device(text)
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as error:  # the pattern's check is first; torch has the word
+        raise L2EvictError(
+            f"--device {shown(text, 40)}: not a device torch knows ({shown(str(error), 200)}); "
+            "fix: use cpu, cuda or cuda:N"
+        ) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise L2EvictError(f"--device {text}: CUDA is not available here; fix: --device cpu")
