@@ -524,9 +524,9 @@ def test_quiet_logs_only_warnings(capsys: pytest.CaptureFixture[str]) -> None:
 def test_every_json_object_carries_its_schema(
     capsys: pytest.CaptureFixture[str], h100_json: tuple[int, str]
 ) -> None:
-    assert parsed("startup", h100_json[1])["schema"] == 2
+    assert parsed("startup", h100_json[1])["schema"] == 3
     main(["check", "--device", "cpu", "--json"])
-    assert parsed("check", capsys.readouterr().out)["schema"] == 2
+    assert parsed("check", capsys.readouterr().out)["schema"] == 3
 
 
 def test_example_out_never_writes_through_a_symlink(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ def test_json_says_the_exit_code_it_gives(
     for path, code in ((cases["big"], 0), (cases["small"], 1)):
         assert main([command, str(path), *extra, "--profile", "h100", "--json"]) == code
         figures = parsed(command, capsys.readouterr().out)
-        assert figures["exit_code"] == code and figures["schema"] == 2
+        assert figures["exit_code"] == code and figures["schema"] == 3
 
 
 def test_disabled_is_an_info_line_in_check_not_a_fall_back(

@@ -42,7 +42,7 @@ def test_schema_prints_the_json_schema_of_each_command(
     printed = json.loads(out)
     assert printed == json_schema(command)
     assert printed["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert printed["properties"]["schema"]["const"] == SCHEMA_VERSION == 2
+    assert printed["properties"]["schema"]["const"] == SCHEMA_VERSION == 3
     assert printed["additionalProperties"] is False
     assert printed["required"] == list(printed["properties"])
 
@@ -92,7 +92,7 @@ def plan_output(
     [
         (lambda d: d.pop("seconds"), "required key 'seconds' is missing"),
         (lambda d: d.update(extra=1), "key 'extra' is not in the schema"),
-        (lambda d: d.update(schema=1), "$.schema: 1 is not 2"),
+        (lambda d: d.update(schema=1), "$.schema: 1 is not 3"),
         (lambda d: d["ranks"][0].update(reclaimed_bytes=-1), "$.ranks[0].reclaimed_bytes: -1 < 0"),
         (lambda d: d["ranks"][0].update(tensor=5), "$.ranks[0].tensor: matches none of anyOf"),
         (lambda d: d.update(exit_code=True), "$.exit_code: True is not integer"),

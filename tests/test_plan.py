@@ -23,7 +23,7 @@ def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     plan = parsed("plan", capsys.readouterr().out)
     # One meaning per exit code (issue 29): 1 when any rank falls back, so all credit 0.
     assert code == plan["exit_code"] == (1 if plan["agreed_reclaimed_bytes"] == 0 else 0)
-    assert plan["schema"] == 2
+    assert plan["schema"] == 3
     return plan
 
 

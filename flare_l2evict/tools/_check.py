@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from .._b12x.proof import CreditBasis, StockBuffer, device_l2_bytes, measure_basis
 from .._b12x.provider import MIN_TORCH, NEEDED, versions
 from .._b12x.table import FORK, rows
-from .._credit import Credit, credit, stock_buffer_bytes
+from .._credit import WORD, Credit, credit, stock_buffer_bytes
+from .._decision import MAX_PIECES
 from .._errors import InstallError
 from .._settings import L2EvictSettings
 from .._text import shown
@@ -94,7 +95,10 @@ def run_check(
     if not settings.enabled:
         blocked = DISABLED
     with steps.step("decision"):
-        granted = _storage_and_credit(report, headers, settings, basis, blocked)
+        granted, condition = _storage_and_credit(
+            report, headers, settings, basis, blocked, _memory_bytes(device, profile)
+        )
+    report.figures["condition"] = condition
     if not settings.enabled:
         # The operator's choice, not a fault: stock b12x, and nothing to act on.
         report.figures |= {"verdict": "disabled", "credit_bytes": 0, "reason": DISABLED}
@@ -105,6 +109,15 @@ def run_check(
         report.figures |= {"verdict": "falls back", "credit_bytes": 0, "reason": reason}
         report.because("verdict: falls back, credit 0 bytes", shown(reason, 600))
         code = 1
+    elif condition is not None:
+        # Never an unqualified "installs" for what was not checked: the storage is the rank's.
+        report.figures |= {"verdict": "installs if", "credit_bytes": granted.nbytes, "reason": None}
+        report.line(
+            f"verdict: installs only if this rank's weights cover the window; credit "
+            f"{granted.nbytes:,} bytes",
+            f"not checked: {condition}; fix: pass this rank's checkpoint files to check it",
+        )
+        code = 0
     else:
         report.figures |= {"verdict": "installs", "credit_bytes": granted.nbytes, "reason": None}
         report.line(
@@ -213,7 +226,8 @@ def _basis(
     report.figures["stock_buffer"] = {"bytes": basis.stock.nbytes, "measured": basis.stock.measured}
     report.line(f"stock buffer per race job: {basis.stock.nbytes:,} bytes ({how})")
     report.figures["window"] = {"bytes": basis.window_bytes, "setting": settings.window}
-    report.line(f"window: {basis.window_bytes:,} bytes ({settings.window})")
+    setting = "stock" if settings.window == "stock" else "the config's window"
+    report.line(f"window: {basis.window_bytes:,} bytes ({setting})")
     return basis, blocked
 
 
@@ -234,29 +248,58 @@ def _seam_installs(report: _Report, basis: CreditBasis) -> None:
     report.line(f"seam: installs (stock b12x's {basis.proof.row.function}{extra})")
 
 
+def _memory_bytes(device: torch.device, profile: DeviceProfile) -> int:
+    """The device's memory: read from a CUDA device, else the profile's."""
+    if device.type != "cuda":
+        return profile.memory_bytes
+    import torch
+
+    return int(torch.cuda.get_device_properties(device).total_memory)
+
+
+def window_condition(window_bytes: int) -> str:
+    """What this rank's resident weights must hold for start-up to install: the one thing
+    ``check`` cannot see without the rank's checkpoint, and what ``plan`` tests on it."""
+    return (
+        f"this rank's resident weights must cover the {window_bytes:,}-byte window: storages "
+        f"owned by torch and not excluded, {window_bytes:,} bytes in all, in at most "
+        f"{MAX_PIECES} storages"
+    )
+
+
 def _storage_and_credit(
     report: _Report,
     headers: list[TensorHeader] | None,
     settings: L2EvictSettings,
     basis: CreditBasis,
     blocked: str | None,
-) -> Credit:
-    """The decision on this rank's checkpoint, or, without one, the machine's credit."""
+    memory_bytes: int,
+) -> tuple[Credit, str | None]:
+    """The decision on this rank's checkpoint; without one, the machine's credit and the
+    condition on the weights it rests on (``None``: the checkpoint was checked)."""
     storage: dict[str, Any] = {"checked": headers is not None}
     report.figures["storage_read"] = storage
     if headers is None:
         report.line("storage read: not checked (pass this rank's checkpoint files to check it)")
         if blocked is not None:
-            return Credit(0, blocked)
-        # No checkpoint: the verdict is about this machine, as if the window were covered.
-        return credit(
+            return Credit(0, blocked), None
+        window = basis.window_bytes // WORD * WORD
+        if window > memory_bytes:  # no weights on this device can cover it: as plan would say
+            return Credit(
+                0,
+                f"the {window:,}-byte eviction window is larger than the device's "
+                f"{memory_bytes:,} bytes of memory, so no resident weights can cover it; fix: "
+                "set a smaller window in the config's [plugins.l2evict] (or 'stock')",
+            ), None
+        granted = credit(
             installable=True,
             race_jobs=basis.race_jobs,
             stock_buffer_bytes=basis.stock.nbytes,
-            window_bytes=basis.window_bytes,
-            read_bytes=basis.window_bytes,
+            window_bytes=window,
+            read_bytes=window,
         )
-    from ._plan import decide_shard, shard_of
+        return granted, window_condition(window) if granted.nbytes else None
+    from ._plan import cut_name, decide_shard, shard_of
 
     decision = decide_shard(
         shard_of(headers),
@@ -268,7 +311,8 @@ def _storage_and_credit(
     )
     storage |= {
         "read_bytes": decision.read_bytes,
-        "tensors": [{"name": s.name, "bytes": s.storage_bytes} for s in decision.regions],
+        # Cut as plan and startup cut them: a 15 MiB name costs 80 characters here too.
+        "tensors": [{"name": cut_name(s.name), "bytes": s.storage_bytes} for s in decision.regions],
     }
     if decision.regions:
         count = len(decision.regions)
@@ -279,7 +323,7 @@ def _storage_and_credit(
     else:
         why = decision.chosen.shortfall or decision.credit.reason or ""
         report.because("storage read: none", shown(why, 600))
-    return decision.credit
+    return decision.credit, None
 
 
 def _persisting_l2(report: _Report, device: torch.device, l2_cache_bytes: int) -> None:

@@ -319,7 +319,8 @@ def _parser() -> _Parser:
     check = commands.add_parser(
         "check",
         help="preflight on the serving machine: would the plugin install, and what would it "
-        "credit (exit 0 installs, 1 falls back, 2 bad input)",
+        "credit (exit 0 installs, or installs only if the condition it names holds, without "
+        "a checkpoint; 1 falls back; 2 bad input)",
     )
     check.add_argument(
         "checkpoint",
@@ -335,7 +336,7 @@ def _parser() -> _Parser:
         help="cpu or cuda:N (default: cuda:0 when CUDA is available, else cpu with the profile)",
     )
     check.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
-    _add_profile_flags(check)
+    _add_profile_flags(check, memory=True)
     check.add_argument("--json", action="store_true", help="print one JSON object of every figure")
     check.add_argument(
         "--races",
@@ -404,7 +405,9 @@ _EXAMPLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "check": (
         "flare-l2evict check model.safetensors --config deploy.toml",
         (
-            "the plugin would install and credit, or is disabled by config",
+            "the plugin would install and credit, or is disabled by config; without a "
+            "CHECKPOINT: it would, if this rank's weights meet the condition the verdict names "
+            "(verdict 'installs only if', not checked)",
             "it would fall back (the reason is under the verdict); with --races, also: the "
             "plugin changed more race winners than stock's own re-run did",
             _USAGE_ERROR + "; with --races: no CUDA device here",

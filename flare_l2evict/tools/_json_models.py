@@ -8,8 +8,9 @@ model. ``flare-l2evict schema COMMAND`` prints the model's JSON Schema, and
 holds them equal). Torch-free: ``schema`` answers in well under a second.
 
 :data:`SCHEMA_VERSION` is the ``"schema"`` key of every object: it rises when
-a key changes meaning (2: a CPU start-up's stock race jobs read ``stock``, not
-``none``; every key is always present, null where it does not apply).
+a key changes meaning (3: ``check`` without a checkpoint says ``installs if``
+and the ``condition``, never ``installs``; 2: a CPU start-up's stock race jobs read
+``stock``, not ``none``; every key is always present, null where it does not apply).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 from .._report import ReclaimReport, StartupAudit
 from ._plan import NAME_LIMIT
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 """``"schema"`` of every JSON object the CLI prints: raised when a key changes meaning."""
 
 
@@ -119,7 +120,7 @@ class StartupArm(_Output):
 class StartupOutput(_Output):
     """``flare-l2evict startup --json``: the reference host's start-up without and with plugins."""
 
-    schema_version: Literal[2] = _version()
+    schema_version: Literal[3] = _version()
     without: StartupArm = Field(description="The start-up without plugins.")
     with_: StartupArm = Field(alias="with", description="The start-up with the named plugins.")
     exit_code: Literal[0, 1] = _exit()
@@ -149,7 +150,7 @@ class PlanRank(_Output):
 class PlanOutput(_Output):
     """``flare-l2evict plan --json``: every rank's plan, from safetensors headers only."""
 
-    schema_version: Literal[2] = _version()
+    schema_version: Literal[3] = _version()
     ranks: list[PlanRank] = Field(description="One plan per rank, in rank order.")
     agreed_reclaimed_bytes: NonNegativeInt = Field(
         description="What every rank credits: the minimum over ranks."
@@ -232,7 +233,9 @@ class CheckWindow(_Output):
     """The bytes read per eviction."""
 
     bytes: NonNegativeInt = Field(description="Its bytes.")
-    setting: str = Field(description="The window setting it came from.")
+    setting: int | Literal["stock"] = Field(
+        description="The config's window: 'stock', or the byte count it set."
+    )
 
 
 class CheckTensor(_Output):
@@ -287,7 +290,7 @@ class CheckRaces(_Output):
 class CheckOutput(_Output):
     """``flare-l2evict check --json``: start-up's own steps on this machine, nothing installed."""
 
-    schema_version: Literal[2] = _version()
+    schema_version: Literal[3] = _version()
     device: str = Field(description="The device judged.")
     device_reason: str = Field(description="Why that device (given, or this machine's default).")
     flare_l2evict: str = Field(description="flare-l2evict's installed version.")
@@ -302,8 +305,15 @@ class CheckOutput(_Output):
     stock_buffer: CheckStockBuffer = Field(description="Stock's buffer per race job.")
     window: CheckWindow = Field(description="The window.")
     storage_read: CheckStorageRead = Field(description="The storage that would be read.")
-    verdict: Literal["installs", "falls back", "disabled"] = Field(
-        description="installs, falls back, or disabled (by config: enabled = false)."
+    verdict: Literal["installs", "installs if", "falls back", "disabled"] = Field(
+        description="installs (this rank's checkpoint checked); installs if (no checkpoint "
+        "given: it would install only if the weights meet condition, not checked); falls back; "
+        "or disabled (by config: enabled = false)."
+    )
+    condition: str | None = Field(
+        description="With verdict 'installs if': what this rank's resident weights must hold "
+        "(the window they must cover), which check could not see without the checkpoint; "
+        "else null."
     )
     credit_bytes: NonNegativeInt = Field(description="What start-up would credit.")
     reason: str | None = Field(description="Why the credit is 0, or null.")
