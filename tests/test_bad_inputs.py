@@ -165,7 +165,7 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["check", "--config", "{cfg_sixty_keys}"], "unknown key (allowed keys: enabled, window"),
 ]
 ARGPARSE_CASES: list[tuple[list[str], str]] = [
-    (["startup", "--race-jobs", "100000000"], "must be between 1 and 1,024"),
+    (["startup", "--race-jobs", "100000000"], "must be between 0 and 1,024"),
     (["startup", "--l2-mib", "99999999"], "must be between 1 and 4,096"),
     (["startup", "--memory-gib", "0"], "must be between 1 and 4,096"),
     (["plan", "x", "--tp", "-1"], "must be between 1 and 1,024"),

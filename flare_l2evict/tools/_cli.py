@@ -181,9 +181,9 @@ def _add_profile_flags(
     )
     parser.add_argument(
         "--race-jobs",
-        type=_bounded("--race-jobs"),
+        type=_bounded("--race-jobs", low=0),
         metavar="J",
-        help="override the profile's race jobs",
+        help="override the profile's race jobs, 0..1,024 as the host contract takes them",
     )
     if memory:
         parser.add_argument(
@@ -207,7 +207,7 @@ def _profile(args: argparse.Namespace) -> DeviceProfile:
     profile = PROFILES[args.profile]
     if args.l2_mib:
         profile = replace(profile, l2_cache_bytes=args.l2_mib * MiB)
-    if args.race_jobs:
+    if args.race_jobs is not None:  # 0 is a value: a host that races nothing
         profile = replace(profile, race_jobs=args.race_jobs)
     if getattr(args, "memory_gib", None):
         profile = replace(profile, memory_bytes=args.memory_gib * GiB)
@@ -460,6 +460,10 @@ def _eviction_cell(result: StartupResult) -> str:
     return f"{result.eviction_storage_bytes:,} B"
 
 
+def _budget_cell(result: StartupResult) -> str:
+    return "out of memory" if result.out_of_memory else _size(result.kv_budget_bytes)
+
+
 def _installed(result: StartupResult) -> bool:
     """The races read weights: credited, or kept for a host that sizes by measurement."""
     kept = result.report.unallocated_bytes if result.report is not None else 0
@@ -475,15 +479,19 @@ def _table(
 ) -> str:
     measured = " (measured)" if after.eviction_measured else ""
     # enabled = false is the operator's choice, not a fallback: the words check and plan use.
-    reclaimed = "0 B (disabled by config)" if disabled else f"{after.reclaimed_bytes:,} B"
+    asked = after.reclaimed_bytes + after.credit_cut_bytes  # the report's own figure
+    reclaimed = "0 B (disabled by config)" if disabled else f"{asked:,} B"
     rows = [
         ("", "without plugins", label),
         (f"L2 eviction storage{measured}", _eviction_cell(before), _eviction_cell(after)),
         ("Loaded", _size(before.loaded_bytes), _size(after.loaded_bytes)),
-        ("KV cache budget", _size(before.kv_budget_bytes), _size(after.kv_budget_bytes)),
+        ("KV cache budget", _budget_cell(before), _budget_cell(after)),
         ("KV tokens", f"{before.kv_tokens:,}", f"{after.kv_tokens:,}"),
         ("Reclaimed (report)", "-", reclaimed),
     ]
+    if after.credit_cut_bytes:
+        taken = after.reclaimed_bytes
+        rows.append(("Credit taken", "-", f"{taken:,} B (free at the hook)"))
     if after.kv_sizing == "measured":
         # Credited nothing: the saving is in the budget, seen by measurement alone. The
         # report's figure of what the races no longer allocate shows where it came from.
@@ -508,6 +516,17 @@ def _table(
     lines += [f"{a:<{widths[0]}}   {b:>{widths[1]}}   {c:>{widths[2]}}" for a, b, c in rows]
     # The plugin's report and audit are its own log lines (stderr): printing them here
     # too would say each fact twice. The table says what only the host knows.
+    for arm, result in (("without plugins", before), (label, after)):
+        if result.out_of_memory:
+            lines.append(_wrapped(f"note: {arm}: {result.out_of_memory}"))
+    if after.credit_cut_bytes:
+        lines.append(
+            _wrapped(
+                f"note: {label}: the credit asked {after.credit_cut_bytes:,} bytes more than "
+                f"the {after.free_at_hook_bytes:,} bytes free on the device at the hook; the "
+                "reference host took only what memory could back"
+            )
+        )
     if after.cute_guard_stand_in:
         lines.append(
             "\n".join(

@@ -79,7 +79,8 @@ class StartupArm(_Output):
         description="True: eviction storage read off the CUDA allocator; false: counted."
     )
     reclaimed_bytes: NonNegativeInt = Field(
-        description="Bytes credited to the KV allocator (0 when kv_sizing is measured)."
+        description="Bytes the KV allocator took of the credit (0 when kv_sizing is measured; "
+        "never past free_at_hook_bytes)."
     )
     kv_sizing: Literal["reserved", "measured"] = Field(
         description="How the host sized its KV cache (--kv-sizing): reserved, memory - loaded - "
@@ -91,7 +92,11 @@ class StartupArm(_Output):
         "race peak on CUDA; on a CPU the eviction storage counted); null for reserved."
     )
     kv_budget_bytes: NonNegativeInt = Field(description="The KV cache budget.")
-    kv_tokens: NonNegativeInt = Field(description="Whole KV tokens the budget holds.")
+    kv_tokens: NonNegativeInt = Field(
+        description="KV tokens: the whole tokens of the budget without the credit, plus the "
+        "whole tokens of the credit (so plan's figure is exactly what the credit adds; it can "
+        "be one less than the budget's bytes over the bytes per token)."
+    )
     job_evictions: list[Literal["weights", "stock", "none"]] = Field(
         description="Per race job, what its eviction reads: weights; stock, its own buffer "
         "(counted at stock's size on a CPU); none, b12x's seam gave it no eviction (CUDA only)."
@@ -108,6 +113,19 @@ class StartupArm(_Output):
     )
     cute_guard_stand_in: bool = Field(
         description="b12x's no-compilation guard ran with a stand-in for the CuTe DSL's compiler."
+    )
+    free_at_hook_bytes: NonNegativeInt = Field(
+        description="Memory free on the device when before_first_capture ran (the profile's "
+        "memory less the checkpoint on a CPU; torch's free memory on CUDA): the most a credit "
+        "can be backed by."
+    )
+    credit_cut_bytes: NonNegativeInt = Field(
+        description="What the plugin's credit asked beyond free_at_hook_bytes, which the "
+        "reference host did not take (reclaimed_bytes is what it took)."
+    )
+    out_of_memory: str | None = Field(
+        description="Why this start-up's races run out of memory (stock's buffers do not fit "
+        "the device; its KV budget and tokens are then 0), or null."
     )
     report: StartupReport | None = Field(
         description="What the plugin's before_first_capture returned; null without it."

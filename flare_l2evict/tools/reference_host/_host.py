@@ -50,16 +50,37 @@ class ReferenceKVAllocator:
     so the credit adds exactly what ``plan`` says it gains.
     """
 
-    def __init__(self, bytes_per_token: int) -> None:
+    def __init__(
+        self, bytes_per_token: int, free_bytes: int | None = None, where: str = "the device"
+    ) -> None:
         if bytes_per_token <= 0:
             raise ValueError("bytes_per_token must be positive")
         self.bytes_per_token = bytes_per_token
+        self.where = where
+        self.free_bytes = free_bytes
+        """Memory free on the device when the hook runs: no credit past it can be backed."""
         self.reclaimed_bytes = 0
+        self.cut_bytes = 0
+        """What a credit asked beyond :attr:`free_bytes`, and this allocator did not take."""
         self.reports: list[ReclaimReport] = []
 
     def add_reclaimed(self, report: ReclaimReport) -> None:
         self.reports.append(report)
-        self.reclaimed_bytes += report.reclaimed_bytes
+        room = None if self.free_bytes is None else max(0, self.free_bytes - self.reclaimed_bytes)
+        taken = report.reclaimed_bytes if room is None else min(report.reclaimed_bytes, room)
+        if taken < report.reclaimed_bytes:
+            # A credit no memory on the device could back is an over-report, whatever the
+            # arithmetic: the budget it would grow does not exist.
+            self.cut_bytes += report.reclaimed_bytes - taken
+            log.warning(
+                "flare_l2evict: reference host: the credit of %s bytes is more than the %s "
+                "bytes free on %s at before_first_capture; %s bytes taken",
+                f"{report.reclaimed_bytes:,}",
+                f"{self.free_bytes:,}",
+                self.where,
+                f"{taken:,}",
+            )
+        self.reclaimed_bytes += taken
 
     def budget(self, memory_bytes: int, loaded_bytes: int, reserve_bytes: int) -> int:
         return max(0, memory_bytes - loaded_bytes - reserve_bytes + self.reclaimed_bytes)
@@ -133,6 +154,13 @@ class StartupResult:
     kv_sizing: KVSizing = "reserved"
     measured_race_bytes: int | None = None
     free_after_races_bytes: int | None = None
+    free_at_hook_bytes: int = 0
+    """Memory free on the device when ``before_first_capture`` ran: the profile's memory less
+    the checkpoint on a CPU; torch's free memory (the driver's and its cache's) on CUDA."""
+    credit_cut_bytes: int = 0
+    """What the plugin's credit asked beyond :attr:`free_at_hook_bytes`: not taken."""
+    out_of_memory: str | None = None
+    """Why this start-up's races run out of memory (stock's buffers do not fit), or ``None``."""
 
     def as_dict(self) -> dict[str, Any]:
         """Every figure; tensor names in the report cut as ``plan`` cuts them, and counted."""
@@ -248,7 +276,8 @@ class ReferenceHost:
             torch.cuda.memory_allocated(self.device) - before if cuda else _storage_bytes(tensors)
         )
         self.events.append("checkpoint loaded")
-        allocator = ReferenceKVAllocator(self.kv_bytes_per_token)
+        free = _free_bytes(self.device) if cuda else max(0, memory - loaded)
+        allocator = ReferenceKVAllocator(self.kv_bytes_per_token, free, self._where())
         runtime = ReferenceRuntime(
             device=self.device,
             config=self.config,
@@ -273,7 +302,7 @@ class ReferenceHost:
         # What the plugins themselves allocate counts as eviction storage too.
         hook_bytes = torch.cuda.memory_allocated(self.device) - hook_base if cuda else 0
         try:
-            jobs = self._start_race_jobs(l2, hook_bytes)
+            jobs = self._start_race_jobs(l2, hook_bytes, free)
         finally:
             self.events.append("startup_complete")
             audits = self.pm.hook.startup_complete(runtime=runtime)
@@ -295,8 +324,9 @@ class ReferenceHost:
             eviction_storage_bytes=jobs.storage_bytes,
             eviction_measured=jobs.measured,
             reclaimed_bytes=allocator.reclaimed_bytes,
-            kv_budget_bytes=allocator.budget(memory, loaded, held),
-            kv_tokens=allocator.tokens(memory, loaded, held),
+            # A start-up whose races run out of memory serves no KV cache at all.
+            kv_budget_bytes=0 if jobs.out_of_memory else allocator.budget(memory, loaded, held),
+            kv_tokens=0 if jobs.out_of_memory else allocator.tokens(memory, loaded, held),
             report=report,
             job_evictions=jobs.evictions,
             race_winners=jobs.winners,
@@ -306,9 +336,29 @@ class ReferenceHost:
             kv_sizing=self.kv_sizing,
             measured_race_bytes=measured,
             free_after_races_bytes=jobs.free_bytes,
+            free_at_hook_bytes=free,
+            credit_cut_bytes=allocator.cut_bytes,
+            out_of_memory=jobs.out_of_memory,
         )
 
-    def _start_race_jobs(self, l2: int, hook_bytes: int) -> _RaceJobs:
+    def _where(self) -> str:
+        """The device in words: on a CPU, the profile's device it stands in for."""
+        if self.device.type == "cuda":
+            return str(self.device)
+        return f"the {self.profile.name} profile's device"
+
+    def _out_of_memory(self, stock_jobs: int, l2: int, free: int) -> str | None:
+        """Why ``stock_jobs`` stock buffers cannot all exist on the device, or ``None``."""
+        need = stock_jobs * stock_buffer_bytes(l2)
+        if need <= free:
+            return None
+        return (
+            f"stock's {stock_jobs:,} x {stock_buffer_bytes(l2):,}-byte buffers ({need:,} bytes) "
+            f"do not fit the {free:,} bytes free on {self._where()} after the checkpoint: "
+            "the races run out of memory"
+        )
+
+    def _start_race_jobs(self, l2: int, hook_bytes: int, free: int) -> _RaceJobs:
         """Start the race jobs the way ``PreparationJob._measure`` does, all alive at once.
 
         Each job asks b12x's seam for its eviction and keeps it. On CUDA the
@@ -341,7 +391,8 @@ class ReferenceHost:
             # A job the plugin does not serve is counted at stock's buffer, so it reads
             # "stock": stock b12x cannot make its buffer on a CPU, but would on the GPU.
             kinds = tuple("weights" if _reads_weights(e) else "stock" for e in evictions)
-            return _RaceJobs(modelled, False, kinds)
+            oom = self._out_of_memory(kinds.count("stock"), l2, free)
+            return _RaceJobs(modelled, False, kinds, out_of_memory=oom)
         from ._races import cute_guard, gemm_candidates, run_race
 
         calls = gemm_candidates(self.device)
@@ -351,6 +402,11 @@ class ReferenceHost:
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         assert seam is not None  # checked above for CUDA
+        if not getattr(seam, "__flare_l2evict__", False):  # stock's seam: every job allocates
+            oom = self._out_of_memory(self.profile.race_jobs, l2, free)
+            if oom is not None:  # said in words, before torch's OutOfMemoryError would say it
+                kinds = ("stock",) * self.profile.race_jobs
+                return _RaceJobs(0, True, kinds, out_of_memory=oom)
         evictions = []
         for index in range(self.profile.race_jobs):
             self.events.append(f"race job {index} starts")
@@ -365,6 +421,12 @@ class ReferenceHost:
         names = tuple(map(_kind, evictions))
         evictions.clear()
         return _RaceJobs(storage, True, names, winners, peak, stand_in, free)
+
+
+def _free_bytes(device: torch.device) -> int:
+    """Memory free to torch on a CUDA device: the driver's, and what torch's cache holds unused."""
+    free = int(torch.cuda.mem_get_info(device)[0])
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
 def _load_files(paths: list[Path], device: torch.device) -> dict[str, torch.Tensor]:
@@ -399,6 +461,7 @@ class _RaceJobs:
     peak_bytes: int | None = None
     cute_guard_stand_in: bool = False
     free_bytes: int | None = None
+    out_of_memory: str | None = None
 
     @property
     def held_bytes(self) -> int:
