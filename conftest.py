@@ -7,6 +7,9 @@ start-up is ``tests/support/startups.py``.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +17,46 @@ import pytest
 import torch
 
 import flare_l2evict
+
+_SESSION_TMP = "FLARE_L2EVICT_TEST_TMP"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """One temporary directory owns everything the run writes: pytest's ``tmp_path`` roots and
+    whatever the code under test, or a process it starts, puts in the system temp dir.
+
+    Removed when the run passes, kept (and named) when it fails. So a run leaves nothing in
+    the system temp dir: the 4.5 GB of sparse checkpoints pytest kept per run went with it.
+    """
+    if os.environ.get(_SESSION_TMP):  # a pytest started by a test: its parent's root holds it
+        return
+    root = tempfile.mkdtemp(prefix="flare-l2evict-tests-")
+    config.stash[_ROOT] = (root, os.environ.get("TMPDIR"))
+    os.environ[_SESSION_TMP] = os.environ["TMPDIR"] = root
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    if config.option.basetemp is None:
+        config.option.basetemp = os.path.join(root, "pytest")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    found = session.config.stash.get(_ROOT, None)
+    if found is None:
+        return
+    root, tmpdir = found
+    del os.environ[_SESSION_TMP]
+    if tmpdir is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = tmpdir
+    tempfile.tempdir = None
+    if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        print(f"\nthe run's temporary files are kept in {root}")
+
+
+_ROOT = pytest.StashKey[tuple[str, str | None]]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -40,6 +40,18 @@ README = Path(__file__).resolve().parents[1] / "docs" / "b12x.md"
 README_START = "<!-- b12x-releases: rendered by scripts/b12x_releases.py --readme -->"
 README_END = "<!-- b12x-releases: end -->"
 
+CACHE = Path(tempfile.gettempdir()) / "b12x-wheels"
+DOWNLOADS = f"""\
+downloads:
+  --check, --judge and no flag at all judge releases: each one's wheel is
+  downloaded (no dependencies) into --cache, about 800 MB for the whole table,
+  and kept there between runs; by default the cache is
+  {CACHE}
+  --discover asks the registry for its version lists only; --readme downloads
+  nothing.
+"""
+"""What ``--help`` says of the downloads, so that no run of a few minutes surprises anyone."""
+
 Verdict = dict[str, object]
 ListVersions = Callable[[str], list[str]]
 """Every version of a distribution on the registry, pre-releases included."""
@@ -268,7 +280,11 @@ def readme_table(readme: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None, list_versions: ListVersions = registry_versions) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").splitlines()[0],
+        epilog=DOWNLOADS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--discover", action="store_true", help="fail on registry releases with no row"
     )
@@ -278,13 +294,26 @@ def main(argv: Sequence[str] | None = None, list_versions: ListVersions = regist
     parser.add_argument("--readme", action="store_true", help="print the table docs/b12x.md holds")
     parser.add_argument("--table", type=Path, default=TABLE, help=argparse.SUPPRESS)
     parser.add_argument("--readme-path", type=Path, default=README, help=argparse.SUPPRESS)
-    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "b12x-wheels")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=CACHE,
+        metavar="DIR",
+        help=f"where downloaded wheels are kept between runs (default: {CACHE})",
+    )
     args = parser.parse_args(argv)
     try:
         return _run(args, list_versions)
     except TableError as error:
         print(f"error: {SCRIPT}: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            f"error: {SCRIPT}: interrupted; the table is unchanged, and the wheels downloaded "
+            f"so far stay in {args.cache}; fix: run it again (the cache is reused)",
+            file=sys.stderr,
+        )
+        return 130
 
 
 def _run(args: argparse.Namespace, list_versions: ListVersions) -> int:
@@ -305,10 +334,10 @@ def _run(args: argparse.Namespace, list_versions: ListVersions) -> int:
             return 1
         print(f"release discovery: every release on the registry has a row ({len(table)} rows)")
         return 0
-    args.cache.mkdir(parents=True, exist_ok=True)
     releases = list(args.judge) or list(table)
     for release in releases:
-        _key(release)  # every name checked before the first download
+        _key(release)  # every name checked before the first download, and before the cache
+    args.cache.mkdir(parents=True, exist_ok=True)
     results: dict[str, Verdict] = {}
     began = time.perf_counter()
     for number, release in enumerate(releases, 1):

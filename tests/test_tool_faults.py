@@ -209,9 +209,37 @@ def test_a_judge_argument_that_does_not_parse_is_one_line(
 ) -> None:
     table = tmp_path / "table.json"
     table.write_text(json.dumps(GOOD))
-    code = releases.main(["--judge", "b12x==1.x.y", "--table", str(table)])
+    cache = tmp_path / "cache"
+    code = releases.main(["--judge", "b12x==1.x.y", "--table", str(table), "--cache", str(cache)])
     (line,) = capsys.readouterr().err.splitlines()
     assert code == 2 and "'1.x.y' is not a version" in line
+    # Issue 41: the cache was made before the names were checked, a folder left in the temp dir.
+    assert not cache.exists()
+
+
+def test_ctrl_c_is_one_line_and_exit_130(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps(GOOD))
+
+    def interrupted(name: str) -> list[str]:
+        raise KeyboardInterrupt
+
+    code = releases.main(["--discover", "--table", str(table)], list_versions=interrupted)
+    out, err = capsys.readouterr()
+    assert code == 130 and out == ""
+    (line,) = err.splitlines()
+    assert line.startswith("error: scripts/b12x_releases.py: interrupted; the table is unchanged")
+    assert json.loads(table.read_text()) == GOOD
+
+
+def test_help_says_what_it_downloads_and_where(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        releases.main(["--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "about 800 MB for the whole table" in said
+    assert f"by default the cache is {releases.CACHE}" in said
 
 
 def test_a_run_that_compares_nothing_never_says_judged_as_recorded(
