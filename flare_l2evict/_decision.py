@@ -437,7 +437,12 @@ def _shortfall(
     skipped = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
     return (
         f"no storage on {where} covers the {window_bytes:,}-byte eviction window: "
-        f"{len(ranges):,} eligible storages hold {distinct:,} distinct bytes"
+        + (
+            f"{len(ranges):,} eligible storages hold"
+            if len(ranges) != 1
+            else "1 eligible storage holds"
+        )
+        + f" {distinct:,} distinct bytes"
         + (f" (tensors skipped: {skipped})" if skipped else "")
         + "; stock b12x keeps its own buffer"
         + "".join(
@@ -480,8 +485,9 @@ def _fix(fix: str, words: Wording) -> str:
 def borrowed_line(why: str, names: Iterable[str], count: int, words: Wording = HOST) -> str:
     """One line naming (bounded) the ``count`` tensors skipped as ``why``, with the fix."""
     what, fix = _BORROWED_WORDS[why]
+    are = f"{count:,} resident tensors are" if count != 1 else "1 resident tensor is"
     return (
-        f"{count:,} resident tensors are not read because their storage borrows memory "
+        f"{are} not read because their storage borrows memory "
         f"({what}), which its owner can free, move or unmap under the eviction: "
         f"{_named(names, count)}; fix: {_fix(fix, words)}"
     )
@@ -530,7 +536,9 @@ def _log_choice(storages: Storages, choice: RegionChoice, excluded: _Ranges, whe
         for r in SKIP_REASONS
         if counts[r]
     )
-    more = f" and {len(distinct) - len(top):,} more" if len(distinct) > len(top) else ""
+    # Its own clause: after a storage's "not read", " and N more" read as N more not read.
+    rest = len(distinct) - len(top)
+    more = f"; {rest:,} more storage{'s' * (rest != 1)} not listed" if rest > 0 else ""
     outcome = f"reads {choice.read_bytes:,} bytes" if choice.shortfall is None else "reads none"
     say(log, logging.DEBUG, "flare_l2evict: decision on %s: %s tensors in %s storages, largest "
         "first: %s%s", where, f"{len(names):,}", f"{len(distinct):,}", listed, more)  # fmt: skip

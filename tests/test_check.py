@@ -133,7 +133,7 @@ def test_a_checkpoint_below_the_window_falls_back_with_exit_1(
         assert figures["credit_bytes"] == 0
         assert figures["reason"] == (
             "no storage on this rank's checkpoint covers the 134,217,728-byte eviction window: "
-            f"1 eligible storages hold {96 * MiB:,} distinct bytes; stock b12x keeps its own buffer"
+            f"1 eligible storage holds {96 * MiB:,} distinct bytes; stock b12x keeps its own buffer"
         )
 
 

@@ -248,7 +248,7 @@ def test_storages_that_overlap_in_memory_count_once() -> None:
     assert len({id(t.untyped_storage()) for t in tensors.values()}) == 131
     report = hook(hostile(tensors=tensors))
     assert report.reclaimed_bytes == 0
-    assert "1 eligible storages hold 1,048,576 distinct bytes" in (report.reason or "")
+    assert "1 eligible storage holds 1,048,576 distinct bytes" in (report.reason or "")
 
 
 def test_partly_overlapping_storages_are_read_once_each_byte() -> None:

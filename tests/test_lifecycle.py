@@ -693,7 +693,7 @@ def _ends_itself_during_the_hook() -> ReferenceRuntime:
 FALLBACKS: dict[str, tuple[Callable[[], ReferenceRuntime], str]] = {
     "no-storage-covers-the-window": (
         lambda: runtime(nbytes=MiB, config=RAISE),
-        "eligible storages hold",
+        "eligible storage",
     ),
     "exclude-matches-every-tensor": (
         lambda: runtime(config={"plugins": {"l2evict": {"on_error": "raise", "exclude": ["*"]}}}),

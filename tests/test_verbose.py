@@ -72,7 +72,7 @@ def _decision(lines: list[str], where: str) -> None:
         f"decision on {where}: {SMALL + 2:,} tensors in {SMALL + 2:,} storages, largest first: "
         f"'lm_head.weight' {90 * MiB:,} B: excluded; 'model.embed_tokens.weight' {80 * MiB:,} "
         f"B: read {64 * MiB:,} B; ",
-        f"and {SMALL + 2 - 5:,} more",
+        f"; {SMALL + 2 - 5:,} more storages not listed",
         f"decision on {where}: skipped: 1 excluded ('lm_head.weight'); reads {64 * MiB:,} bytes "
         f"of the {64 * MiB:,}-byte window",
     )
@@ -141,7 +141,7 @@ def test_skipped_storages_are_counted_by_reason_with_a_few_names(
         f"'w09999' {1 << 20:,} B: read {1 << 20:,} B; 'w00000' 4,096 B: other device; 'w00001' "
         "4,096 B: borrowed;"
     )
-    assert lines[0].endswith(f" and {n - 5:,} more")
+    assert lines[0].endswith(f"; {n - 5:,} more storages not listed")
     assert lines[1] == (
         "flare_l2evict: decision on cuda:0: skipped: 4,999 other device ('w00000', 'w00002', "
         "'w00004' and 4,996 more), 4,999 borrowed ('w00001', 'w00003', 'w00005' and 4,996 more), "

@@ -120,7 +120,7 @@ def test_several_storages_largest_first_when_none_covers_the_window() -> None:
 
 def test_shortfall_is_reported_with_the_reason() -> None:
     tensors = {"a": torch.zeros(10), "m": torch.empty(5, device="meta")}
-    with pytest.raises(WeightsError, match=r"1 eligible storages hold 40 distinct bytes.*1 meta"):
+    with pytest.raises(WeightsError, match=r"1 eligible storage holds 40 distinct bytes.*1 meta"):
         choose_weights(tensors, "cpu", window_bytes=1 << 20)
 
 

@@ -652,8 +652,8 @@ def _plan(args: argparse.Namespace) -> int:
         return code
     # The time to read headers is in --json ("seconds"): the table is the same every run.
     print(
-        f"flare-l2evict plan: {plan.tensors:,} tensors in {plan.files:,} "
-        f"file{'s' if plan.files != 1 else ''}; TP{args.tp}"
+        f"flare-l2evict plan: {plan.tensors:,} tensor{'s' * (plan.tensors != 1)} in "
+        f"{plan.files:,} file{'s' * (plan.files != 1)}; TP{args.tp}"
     )
     print(
         f"profile {profile.name} (L2 {_size(profile.l2_cache_bytes)}, {profile.race_jobs} race "

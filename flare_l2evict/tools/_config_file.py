@@ -24,6 +24,10 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 
+YAML_INSTALL = "pip install 'pyyaml>=6'"
+"""How YAML configs get their reader: PyYAML itself, which works wherever the plugin came from
+(``flare-l2evict[yaml]`` needs a published release, and there is none yet)."""
+
 MAX_CONFIG_BYTES = 1 << 20
 """A deployment config over 1 MiB is a wrong file (a checkpoint, a log), not a config."""
 
@@ -53,7 +57,7 @@ def load_deployment_config(path: str | Path) -> dict[str, Any]:
                 import yaml
             except ImportError:
                 raise ConfigError(
-                    f"{where}: YAML configs need PyYAML; fix: pip install 'flare-l2evict[yaml]'"
+                    f"{where}: YAML configs need PyYAML; fix: {YAML_INSTALL}"
                 ) from None
             data = yaml.load(text, Loader=_no_alias_loader(yaml, path))
         else:

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 from ._all_or_nothing import write_all
+from ._config_file import YAML_INSTALL
 
 CONFIG_TOML = """\
 [plugins.l2evict]
@@ -44,9 +45,6 @@ plugins:
     exclude: ["*.embed_tokens.*"]
     on_error: fallback
 """
-
-YAML_INSTALL = "pip install 'flare-l2evict[yaml]'"
-"""How YAML configs get their reader: the extra, as the README and the config error name it."""
 
 RANKS = 2
 """Ranks of the per-rank files: the example split as ``plan --tp 2`` estimates it."""
