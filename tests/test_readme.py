@@ -361,7 +361,7 @@ def test_yaml_needs_the_extra_everywhere_it_is_said(
 ) -> None:
     from flare_l2evict._errors import ConfigError
     from flare_l2evict.tools._config_file import load_deployment_config
-    from flare_l2evict.tools._example import YAML_INSTALL
+    from flare_l2evict.tools._config_file import YAML_INSTALL
 
     note = " ".join((workdir / "example" / "COMMANDS.md").read_text().split())
     # PyYAML itself: 'flare-l2evict[yaml]' fails wherever the package is not published.
