@@ -1,3 +1,3 @@
-from .tools._cli import main
+from .tools.cli import main
 
 raise SystemExit(main())

@@ -15,7 +15,7 @@ from support.figures import MiB
 from support.hosts import hook, runtime
 
 from flare_l2evict import L2EvictError
-from flare_l2evict.tools._cli import main
+from flare_l2evict.tools import main
 
 
 def header_file(path: Path, header: dict[str, Any], data: bytes) -> Path:
@@ -323,7 +323,7 @@ def test_a_tensor_name_that_is_not_a_string_is_one_line() -> None:
 def test_a_device_torch_refuses_is_a_usage_error_not_a_traceback() -> None:
     # The pattern is checked first; whatever still reaches torch and is refused there is the
     # same one-line usage error (exit 2), never torch's traceback read as "falls back".
-    from flare_l2evict.tools._cli import _device
+    from flare_l2evict.tools.cli._shared import usable_device
 
-    with pytest.raises(L2EvictError, match=r"--device cuda:-1: not a device torch knows \("):
-        _device("cuda:-1")
+    with pytest.raises(L2EvictError, match=r"--device cpu:-1: not a device torch knows \("):
+        usable_device("cpu:-1")

@@ -18,11 +18,12 @@ from safetensors.torch import save_file
 from support.figures import KV_BYTES_PER_TOKEN as KV, MiB
 from support.json_output import parsed
 
-from flare_l2evict.tools._check import run_check, window_condition
-from flare_l2evict.tools._cli import main
+from flare_l2evict.tools import main
 from flare_l2evict.tools._headers import TensorHeader, read_checkpoint
 from flare_l2evict.tools._inputs import settings_from_config
-from flare_l2evict.tools._plan import make_plan, shard_of
+from flare_l2evict.tools._plan import plan_ranks, shard_of
+from flare_l2evict.tools._preflight import window_condition
+from flare_l2evict.tools.cli.check import run_check
 from flare_l2evict.tools.reference_host import PROFILES
 
 pytest.importorskip("b12x.preparation._measurement")
@@ -83,16 +84,13 @@ def test_check_agrees_with_plan_and_without_the_checkpoint_names_what_plan_tests
     section = {"window": window_kib * KiB, "exclude": exclude, "enabled": enabled}
     config = {"plugins": {"l2evict": section}}
     headers = read_checkpoint([path])
-    plan = make_plan(
+    (rank,) = plan_ranks(
         [shard_of(headers)],
         settings_from_config(config),
-        tensors=len(sizes),
-        files=1,
         l2_cache_bytes=PROFILES["h100"].l2_cache_bytes,
         race_jobs=race_jobs,
         kv_bytes_per_token=KV,
     )
-    (rank,) = plan.ranks
     given_it = _check(capsys, config, race_jobs, headers)
     without = _check(capsys, config, race_jobs, None)
 

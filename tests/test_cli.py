@@ -21,9 +21,11 @@ import pytest
 import torch
 from support.figures import OUTPUTS, OWN, MiB
 from support.json_output import parsed
+from support.stderr import the_error
 
 from flare_l2evict import L2EvictError
-from flare_l2evict.tools._cli import _fix_for, error_line, main
+from flare_l2evict.tools.cli import main
+from flare_l2evict.tools.cli._shared import error_line, fix_for
 
 H100_DEMO = ["startup", "--plugin", "l2evict", "--profile", "h100"]
 """The side-by-side demo on the h100 profile, which several tests read."""
@@ -194,7 +196,7 @@ def test_the_plugin_entry_point_imports_only_runtime_modules() -> None:
 
 def test_help_parses_before_importing_torch() -> None:
     loaded = _modules_after(
-        "from flare_l2evict.tools._cli import main\n"
+        "from flare_l2evict.tools.cli import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass"
     )
     assert "torch" not in loaded and "flare_l2evict.tools.reference_host" not in loaded
@@ -449,9 +451,10 @@ def test_example_never_writes_through_a_symlink_planted_after_the_check(
 def test_every_parser_refuses_abbreviations_and_takes_q_and_v(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from flare_l2evict.tools._cli import _parser
+    from flare_l2evict.tools.cli import COMMANDS
+    from flare_l2evict.tools.cli._shared import parser as make_parser
 
-    parser = _parser()
+    parser = make_parser(COMMANDS, "0")
     assert not parser.allow_abbrev
     for name, sub in parser.commands.items():
         assert not sub.allow_abbrev, name
@@ -459,7 +462,8 @@ def test_every_parser_refuses_abbreviations_and_takes_q_and_v(
         assert {"-q", "--quiet", "-v", "--verbose"} <= flags, name
         text = sub.format_help()
         assert "\nexample:\n  flare-l2evict " + name in text, name
-        assert "\nexit codes:\n  0  " in text and "\n  2  a usage or input error" in text, name
+        assert "\nexit codes:\n  0    " in text and "\n  2    a usage or input error" in text, name
+        assert "\n  130  interrupted (Ctrl-C or SIGTERM)" in text, name
     with pytest.raises(SystemExit) as exited:
         main(["plan", "x.safetensors", "--split-d", "1"])
     assert exited.value.code == 2 and "unrecognized arguments: --split-d" in capsys.readouterr().err
@@ -469,16 +473,16 @@ def test_only_the_packages_logger_reaches_stderr(tmp_path: Path) -> None:
     """A library's INFO lines are not the operator's: torch's ``FakeTensor cache stats`` at exit
     followed the one error line of an interrupted command while the CLI routed the root logger."""
     script = (
-        "import atexit, logging, sys\n"
-        "from flare_l2evict.tools import _cli\n"
+        "import atexit, dataclasses, logging, sys\n"
+        "from flare_l2evict.tools.cli import COMMANDS, main, plan\n"
         "torch_log = logging.getLogger('torch._subclasses.fake_tensor')\n"
         "atexit.register(torch_log.info, 'FakeTensor cache stats:')\n"
-        "plan = _cli._plan\n"
         "def plan_and_a_library_line(args):\n"
         "    logging.getLogger('some.library').info('a library line during the command')\n"
-        "    return plan(args)\n"
-        "_cli._plan = plan_and_a_library_line\n"
-        "raise SystemExit(_cli.main(sys.argv[1:]))\n"
+        "    return plan.COMMAND.run(args)\n"
+        "mine = dataclasses.replace(plan.COMMAND, run=plan_and_a_library_line)\n"
+        "commands = [mine if c is plan.COMMAND else c for c in COMMANDS]\n"
+        "raise SystemExit(main(sys.argv[1:], commands))\n"
     )
     index = tmp_path / "missing.safetensors"
     done = subprocess.run(
@@ -503,7 +507,7 @@ def test_quiet_logs_only_warnings(capsys: pytest.CaptureFixture[str]) -> None:
     """-q: the plugin's INFO credit line is not logged; stdout is the same table."""
     script = (
         "import logging, sys\n"
-        "from flare_l2evict.tools._cli import main\n"
+        "from flare_l2evict.tools.cli import main\n"
         "code = main(sys.argv[1:])\n"
         "raise SystemExit(code)\n"
     )
@@ -561,11 +565,13 @@ def test_on_error_raise_names_what_to_change(
     config = tmp_path / "deploy.toml"
     config.write_text('[plugins.l2evict]\non_error = "raise"\nexclude = ["*"]\n')
     code, out, err = run(capsys, "startup", "--plugin", "l2evict", "--config", str(config))
+    line = the_error(err)
     assert code == 2 and out == ""
-    assert err.startswith("error: flare-l2evict startup: l2evict failed and on_error = 'raise': ")
-    assert err.endswith(
+    assert line.startswith("error: flare-l2evict startup: l2evict failed and on_error = 'raise': ")
+    assert line.endswith(
         '; fix: set on_error = "fallback" in the config\'s [plugins.l2evict] section (start-up '
         "then keeps stock b12x and credits 0 instead of aborting)\n"
     ), err
     own = L2EvictError("l2evict failed and on_error = 'raise': busy; fix: call it once")
-    assert error_line("startup", str(own), _fix_for(own)).endswith("; fix: call it once")
+    line = error_line("flare-l2evict startup", str(own), fix_for(own))
+    assert line.endswith("; fix: call it once")

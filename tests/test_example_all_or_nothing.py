@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from flare_l2evict.tools import _all_or_nothing, _example
-from flare_l2evict.tools._cli import main
+from flare_l2evict.tools import _all_or_nothing, _example, main
 from flare_l2evict.tools._example import EXAMPLE_FILES
 
 _OLD = b"an earlier example's model.safetensors\n"

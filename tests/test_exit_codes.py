@@ -14,7 +14,7 @@ import torch
 from support.figures import MiB
 from support.json_output import parsed
 
-from flare_l2evict.tools._cli import main
+from flare_l2evict.tools import main
 
 
 @pytest.fixture(scope="module")

@@ -77,7 +77,7 @@ NO_DRIVER_CASES: list[tuple[str, list[str], str]] = [
 """Refused on a machine with no GPU driver at all, before torch: ``torch.cuda`` costs its
 import. Each runs the CLI unless it names another entry point's module first."""
 
-_CLI = "flare_l2evict.tools._cli"
+_CLI = "flare_l2evict.tools.cli"
 ALL_CASES = [pytest.param(*case, id=case[0]) for case in CASES] + [
     pytest.param(*case, id=case[0], marks=_NO_DRIVER) for case in NO_DRIVER_CASES
 ]
@@ -125,7 +125,7 @@ def test_any_trace_of_a_driver_leaves_the_answer_to_torch(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The check refuses only where CUDA cannot work: never a false refusal on a GPU machine."""
-    from flare_l2evict.tools import _driver
+    from flare_l2evict.tools.cli import _shared as _driver
 
     monkeypatch.setattr(_driver, "DRIVER_LIBRARY", "libflare-l2evict-no-such-driver.so.1")
     monkeypatch.setattr(_driver, "_GPU_PATHS", (str(tmp_path / "nvidiactl"),))

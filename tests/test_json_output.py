@@ -17,17 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.json_output import parsed, validate
+from support.json_output import parsed, schema_of, validate
+from support.scripts import script
 
-from flare_l2evict.tools._cli import main
-from flare_l2evict.tools._json_models import (
-    REGENERATE,
-    SCHEMA_VERSION,
-    json_schema,
-    with_field_tables,
-)
+from flare_l2evict.tools import main
+from flare_l2evict.tools._json_output import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
+json_fields = script("json_fields")
 PAGE = ROOT / "docs" / "command-line.md"
 COMMANDS = ("startup", "plan", "check")
 
@@ -40,7 +37,7 @@ def test_schema_prints_the_json_schema_of_each_command(
     out, err = capsys.readouterr()
     assert err == ""
     printed = json.loads(out)
-    assert printed == json_schema(command)
+    assert printed == schema_of(command)
     assert printed["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert printed["properties"]["schema"]["const"] == SCHEMA_VERSION == 3
     assert printed["additionalProperties"] is False
@@ -59,7 +56,7 @@ def test_schema_of_another_name_is_one_line_and_exit_2(capsys: pytest.CaptureFix
 
 def test_schema_answers_without_importing_torch() -> None:
     probe = (
-        "import sys\nfrom flare_l2evict.tools._cli import main\ncode = main(['schema', 'check'])\n"
+        "import sys\nfrom flare_l2evict.tools.cli import main\ncode = main(['schema', 'check'])\n"
         "print('torch' in sys.modules, file=sys.stderr)\nraise SystemExit(code)\n"
     )
     done = subprocess.run(
@@ -70,9 +67,9 @@ def test_schema_answers_without_importing_torch() -> None:
 
 def test_the_docs_field_tables_are_the_models() -> None:
     page = PAGE.read_text(encoding="utf-8")
-    assert page == with_field_tables(page), (
-        f"docs/command-line.md's JSON field tables differ from the models in "
-        f"flare_l2evict/tools/_json_models.py; regenerate them: {REGENERATE}"
+    assert page == json_fields.with_field_tables(page), (
+        f"docs/command-line.md's JSON field tables differ from the commands' models; "
+        f"regenerate them: {json_fields.REGENERATE}"
     )
 
 
@@ -104,7 +101,7 @@ def test_the_validator_refuses_what_the_schema_refuses(
     broken = copy.deepcopy(plan_output)
     change(broken)
     with pytest.raises(AssertionError) as refused:
-        validate(broken, json_schema("plan"))
+        validate(broken, schema_of("plan"))
     assert said in str(refused.value)
 
 
@@ -118,12 +115,10 @@ def test_check_races_figures_fit_the_schema(capsys: pytest.CaptureFixture[str]) 
     result = RaceAgreement(races=1, repeats=2)
     latencies = {"stock": (10.0, 14.0), "plugin": (9.0, 7.0), "stock_rerun": (10.1, 14.1)}
     _judge(result, {arm: [[lat], [lat]] for arm, lat in latencies.items()})
-    figures["races"] = result.as_dict()
-    validate(figures, json_schema("check"))
+    figures["races"] = result.model_dump(mode="json")
+    validate(figures, schema_of("check"))
 
 
 def test_a_key_without_a_description_stops_the_tables() -> None:
-    from flare_l2evict.tools._json_models import _tables
-
     with pytest.raises(ValueError, match=r"^the top\.x has no description: give its Field one"):
-        _tables({"properties": {"x": {"type": "integer"}}})
+        json_fields._tables({"properties": {"x": {"type": "integer"}}})

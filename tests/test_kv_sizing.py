@@ -25,7 +25,7 @@ from support.tp_scenarios import run_ranks
 
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._startup import Phase, Startup
-from flare_l2evict.tools._cli import main
+from flare_l2evict.tools import main
 from flare_l2evict.tools.reference_host import ReferenceKVAllocator
 
 _ABSENT = object()

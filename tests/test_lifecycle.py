@@ -996,7 +996,7 @@ def test_an_exception_at_the_provider_version_lookup_leaves_no_weights_held() ->
     def interrupt() -> None:
         raise ProviderInterrupt("at the version lookup")
 
-    tracer = _call_at(provider._version, "return None", interrupt)
+    tracer = _call_at(provider.installed_version, "return None", interrupt)
     sys.settrace(tracer)
     try:
         with pytest.raises(ProviderInterrupt), block:

@@ -13,17 +13,17 @@ import resource
 from pathlib import Path
 
 import pytest
+from support.stderr import the_error
 
 from flare_l2evict._errors import CheckpointError
-from flare_l2evict.tools import _machine_memory
-from flare_l2evict.tools._cli import main
+from flare_l2evict.tools import _machine_memory, main
 from flare_l2evict.tools._machine_memory import (
     FALLBACK_BYTES,
     available_memory,
     cpu_load_bytes,
     refuse_what_this_machine_cannot_hold,
 )
-from flare_l2evict.tools._units import GiB
+from flare_l2evict.tools._profiles import GiB
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost
 from flare_l2evict.tools.reference_host._example import write_headers
 
@@ -52,7 +52,7 @@ def test_a_checkpoint_larger_than_any_machine_is_refused_in_one_line_without_loa
     code = main(["startup", str(huge), "--plugin", "l2evict"])
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
-    line = _LINE.match(err)
+    line = _LINE.match(the_error(err))
     assert line is not None, err
     assert "needs about 8,192.0 GiB" in line.group(1) and "GiB available (" in line.group(1)
     assert "free memory, pass a smaller checkpoint" in line.group(2)
@@ -67,7 +67,7 @@ def test_the_embedded_example_at_the_largest_l2_is_refused_where_memory_is_short
     code = main(["startup", "--plugin", "l2evict", "--l2-mib", "4096"])
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
-    line = _LINE.match(err)
+    line = _LINE.match(the_error(err))
     assert line is not None, err
     assert "needs about 18.1 GiB" in line.group(1)
     assert f"8.0 GiB available (MemAvailable in {tmp_path / 'meminfo'})" in line.group(1)

@@ -13,7 +13,7 @@ from support.figures import KV_BYTES_PER_TOKEN as KV, OWN, MiB
 from support.json_output import parsed
 
 from flare_l2evict._text import shown
-from flare_l2evict.tools._cli import main
+from flare_l2evict.tools import main
 from flare_l2evict.tools._headers import read_checkpoint
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_sparse_index
 
@@ -231,7 +231,7 @@ def test_tensor_names_are_escaped_in_the_table(
 
 
 def test_kv_tokens_are_whole_tokens_of_the_bytes() -> None:
-    from flare_l2evict.tools._kv import kv_tokens
+    from flare_l2evict.tools._plan import kv_tokens
 
     assert kv_tokens(948 * 7 + 947, 948) == 7
     assert kv_tokens(948 * 7, 948) == 7

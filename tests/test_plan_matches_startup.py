@@ -17,7 +17,7 @@ from support.figures import KV_BYTES_PER_TOKEN as KV, MiB
 
 from flare_l2evict.tools._headers import read_checkpoint
 from flare_l2evict.tools._inputs import settings_from_config
-from flare_l2evict.tools._plan import make_plan, shard_of
+from flare_l2evict.tools._plan import plan_ranks, shard_of
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost
 
 pytest.importorskip("b12x.preparation._measurement")
@@ -61,16 +61,13 @@ def test_plan_credits_what_startup_credits_never_more(
     config["plugins"]["l2evict"]["enabled"] = enabled
     profile = dataclasses.replace(PROFILES["h100"], race_jobs=race_jobs)
 
-    plan = make_plan(
+    (rank,) = plan_ranks(
         [shard_of(read_checkpoint([path]))],
         settings_from_config(config),
-        tensors=len(shapes),
-        files=1,
         l2_cache_bytes=profile.l2_cache_bytes,
         race_jobs=race_jobs,
         kv_bytes_per_token=KV,
     )
-    (rank,) = plan.ranks
     host = ReferenceHost(plugins=["l2evict"], config=config, profile=profile, kv_bytes_per_token=KV)
     report = host.start(path).report
     assert report is not None

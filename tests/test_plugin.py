@@ -22,7 +22,7 @@ from flare_l2evict.tools.reference_host import (
     PROFILES,
     DeviceProfile,
     ReferenceHost,
-    StartupResult,
+    StartupArm,
     example_tensors,
     installed_plugins,
     plugin_manager,
@@ -50,7 +50,7 @@ def gb202_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def without_plugins(gb202_checkpoint: Path) -> StartupResult:
+def without_plugins(gb202_checkpoint: Path) -> StartupArm:
     """The GB202 start-up with no plugin named: stock's figures, which three tests compare."""
     return host(plugins=()).start(gb202_checkpoint)
 
@@ -62,7 +62,7 @@ def test_entry_point_is_installed_and_loaded_by_name() -> None:
     assert plugin_manager([]).get_plugins() == set()
 
 
-def test_seed_shape_on_gb202(gb202_checkpoint: Path, without_plugins: StartupResult) -> None:
+def test_seed_shape_on_gb202(gb202_checkpoint: Path, without_plugins: StartupArm) -> None:
     without = without_plugins
     with_plugin = host().start(gb202_checkpoint)
     assert without.eviction_storage_bytes == 5 * 256 * MiB == 1_342_177_280
@@ -105,7 +105,7 @@ def test_no_reference_to_the_weights_after_startup() -> None:
 
 
 def test_disabled_by_config_leaves_the_budget(
-    gb202_checkpoint: Path, without_plugins: StartupResult
+    gb202_checkpoint: Path, without_plugins: StartupArm
 ) -> None:
     without = without_plugins
     off = host(config={"plugins": {"l2evict": {"enabled": False}}}).start(gb202_checkpoint)
@@ -114,7 +114,7 @@ def test_disabled_by_config_leaves_the_budget(
     assert off.report.reason.startswith("disabled by config")
 
 
-def test_not_named_by_plugin_flag_leaves_the_budget(without_plugins: StartupResult) -> None:
+def test_not_named_by_plugin_flag_leaves_the_budget(without_plugins: StartupArm) -> None:
     assert without_plugins.report is None
 
 

@@ -120,7 +120,7 @@ def test_start_up_falls_back_with_one_line_naming_it() -> None:
             sys.executable,
             "-c",
             "import sys; sys.modules['b12x'] = None\n"
-            "from flare_l2evict.tools._cli import main\n"
+            "from flare_l2evict.tools.cli import main\n"
             "raise SystemExit(main(['startup', '--plugin', 'l2evict']))",
         ],
         capture_output=True,

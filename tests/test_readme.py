@@ -41,7 +41,7 @@ from subprocess import PIPE
 
 import pytest
 
-from flare_l2evict.tools._cli import main
+from flare_l2evict.tools import main
 from flare_l2evict.tools._inputs import settings_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -360,8 +360,7 @@ def test_yaml_needs_the_extra_everywhere_it_is_said(
     workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from flare_l2evict._errors import ConfigError
-    from flare_l2evict.tools._config_file import load_deployment_config
-    from flare_l2evict.tools._config_file import YAML_INSTALL
+    from flare_l2evict.tools._config_file import YAML_INSTALL, load_deployment_config
 
     note = " ".join((workdir / "example" / "COMMANDS.md").read_text().split())
     # PyYAML itself: 'flare-l2evict[yaml]' fails wherever the package is not published.
@@ -399,10 +398,11 @@ def _readme_usage(command: str) -> str:
 
 @pytest.mark.parametrize("name", ["startup", "plan", "check", "example", "schema"])
 def test_readme_flags_are_the_help_flags(name: str) -> None:
-    from flare_l2evict.tools._cli import _parser
+    from flare_l2evict.tools.cli import COMMANDS
+    from flare_l2evict.tools.cli._shared import parser
 
     usage = _readme_usage(f"flare-l2evict {name}")
-    assert _usage_flags(usage) == _help_flags(_parser().commands[name])
+    assert _usage_flags(usage) == _help_flags(parser(COMMANDS, "0").commands[name])
 
 
 def test_readme_bench_flags_are_the_bench_help_flags() -> None:

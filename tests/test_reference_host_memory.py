@@ -11,7 +11,7 @@ import pytest
 from support.json_output import parsed
 
 from flare_l2evict import ReclaimReport
-from flare_l2evict.tools._cli import main
+from flare_l2evict.tools import main
 from flare_l2evict.tools.reference_host import ReferenceKVAllocator
 
 

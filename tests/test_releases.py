@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import zipfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from support.scripts import script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "b12x_releases", ROOT / "scripts" / "b12x_releases.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("b12x_releases", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-releases = _script()
+releases = script("b12x_releases")
 
 RECORDED_REGISTRY = {
     # `pip index versions --pre NAME` on 2026-12-01, older releases cut.

@@ -209,13 +209,13 @@ def test_a_utf32_config_is_named_as_utf32(tmp_path: Path, encoded: Callable[[str
 _AS_NOBODY = """
 import os, sys
 from flare_l2evict import ConfigError, load_deployment_config
-from flare_l2evict.tools._cli import error_line
+from flare_l2evict.tools.cli._shared import error_line
 os.setegid(65534)
 os.seteuid(65534)  # root reads any file: drop to nobody (real ids stay root) for the open
 try:
     load_deployment_config(sys.argv[1])
 except ConfigError as error:
-    print(error_line("check", str(error)))
+    print(error_line("flare-l2evict check", str(error)))
 """
 
 
@@ -241,11 +241,11 @@ def test_an_unreadable_config_is_named_a_permission_error(tmp_path: Path) -> Non
             assert ran.returncode == 0, ran.stderr
             line = ran.stdout.strip()
         else:
-            from flare_l2evict.tools._cli import error_line
+            from flare_l2evict.tools.cli._shared import error_line
 
             with pytest.raises(ConfigError) as raised:
                 load_deployment_config(path)
-            line = error_line("check", str(raised.value))
+            line = error_line("flare-l2evict check", str(raised.value))
     finally:
         for entry in folder.iterdir():
             entry.unlink()

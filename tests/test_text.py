@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flare_l2evict._text import LIMIT, described_value, literal, shown
-from flare_l2evict.tools._lines import one_line
+from flare_l2evict.tools.cli._shared import one_line
 
 
 @pytest.mark.parametrize(

@@ -24,9 +24,10 @@ from typing import Any
 
 import pytest
 import torch
+from support.scripts import script
+from support.stderr import the_error
 
-from flare_l2evict.tools import _persisting_l2, _releases
-from flare_l2evict.tools._cli import main
+from flare_l2evict.tools import _origin as _releases, _persisting_l2, main
 from flare_l2evict.tools._origin import stock_row
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +96,7 @@ def test_a_limit_outside_physical_range_is_refused_as_a_device_fault(
         _persisting_l2, "persisting_l2_bytes", lambda device: (nbytes, "cuda-bindings")
     )
     line, figures = _persisting_l2.persisting_l2_line(torch.device("cuda:0"), 60 * (1 << 20))
-    assert figures["bytes"] is None and str(nbytes) in figures["fault"]
+    assert figures.bytes is None and str(nbytes) in (figures.fault or "")
     assert f"{nbytes:,} bytes" not in line and "-1 bytes" not in line
     assert "device or driver fault" in line and "; fix: " in line
 
@@ -105,7 +106,7 @@ def test_a_set_aside_is_information_never_a_fix(monkeypatch: pytest.MonkeyPatch)
         _persisting_l2, "persisting_l2_bytes", lambda device: (11_796_480, "cuda-bindings")
     )
     line, figures = _persisting_l2.persisting_l2_line(torch.device("cuda:0"), 60 * (1 << 20))
-    assert figures["bytes"] == 11_796_480
+    assert figures.bytes == 11_796_480
     assert "information, not a fault" in line and "warm" not in line and "fix:" not in line
     assert "survive stock's eviction and the plugin's read alike" in line
     assert "act only if the server marks lines persisting and wants its races cold" in line
@@ -146,7 +147,7 @@ def test_an_mmap_refused_for_memory_is_one_line(tmp_path: Path) -> None:
     cli = (
         "import sys; from pathlib import Path; from flare_l2evict.tools import _machine_memory; "
         "_machine_memory.MEMINFO = Path(sys.argv[1]); "
-        "from flare_l2evict.tools._cli import main; raise SystemExit(main(sys.argv[2:]))"
+        "from flare_l2evict.tools.cli import main; raise SystemExit(main(sys.argv[2:]))"
     )
     done = subprocess.run(
         [sys.executable, "-c", cli, str(meminfo), "startup", str(big)],
@@ -157,7 +158,7 @@ def test_an_mmap_refused_for_memory_is_one_line(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 2, done.stderr[-2000:]
-    (line,) = done.stderr.strip().splitlines()
+    line = the_error(done.stderr)
     assert "cannot map its 68,719,476,864 bytes into memory" in line
     assert "fix: raise the address-space limit (ulimit -v)" in line
 
@@ -165,17 +166,7 @@ def test_an_mmap_refused_for_memory_is_one_line(tmp_path: Path) -> None:
 # --- scripts/b12x_releases.py ------------------------------------------------------------
 
 
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "b12x_releases_faults", ROOT / "scripts" / "b12x_releases.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-releases = _script()
+releases = script("b12x_releases")
 GOOD = {"b12x==1.5.1": {"installs": True, "reason": "0 extra bindings"}}
 
 

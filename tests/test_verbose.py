@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from flare_l2evict._decision import Storages, choose_regions
-from flare_l2evict.tools._cli import main
+from flare_l2evict.tools import main
 
 MiB = 1 << 20
 SMALL = 2_000

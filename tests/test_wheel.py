@@ -54,7 +54,7 @@ def test_the_built_wheel_holds_no_bench_module(tmp_path: Path) -> None:
         for p in (ROOT / "flare_l2evict").rglob("*.py")
         if "__pycache__" not in p.parts
     )
-    assert "flare_l2evict/plugin.py" in package and "flare_l2evict/tools/_cli.py" in package
+    assert "flare_l2evict/plugin.py" in package and "flare_l2evict/tools/cli/__init__.py" in package
     assert not [n for n in package if n not in names]
     modules = [n for n in names if n.endswith(".py")]
     assert not [n for n in names if "/bench/" in n or n.startswith(("bench/", "benchmarks/"))]

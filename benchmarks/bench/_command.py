@@ -11,61 +11,42 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from flare_l2evict._errors import L2EvictError
 from flare_l2evict._text import shown
-from flare_l2evict.tools._cli import whole_number_in
-from flare_l2evict.tools._driver import missing_driver
-from flare_l2evict.tools._lines import one_line
+from flare_l2evict.tools.cli._shared import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    Parser,
+    device_text,
+    error_line,
+    missing_driver,
+    whole_number_in,
+)
 
 PROG = "python -m benchmarks.bench"
 SECTIONS = ("memory", "cost", "coldness", "races", "hook")
 """``--only``'s sections (BENCHMARKS.md numbers them 1, 3, 2 and 5, 4 and 7, 6)."""
 LIMITS = {"--repetitions": 100_000, "--races": 36, "--repeats": 20}
 """Upper bounds that refuse a typo before it costs hours of device time."""
-_FIX = "; fix: "
-_DEVICE = re.compile(r"^(cpu|cuda(:\d{1,3})?)$")
-
-
-def error_line(cause: str, fix: str | None = None) -> str:
-    """One line of <= 1 KB; a cause carrying its own ``; fix: ...`` keeps it, else ``fix``."""
-    cause, found, own_fix = cause.partition(_FIX)
-    fix = own_fix if found else (fix or f"see {PROG} --help")
-    return one_line(f"error: {PROG}: {shown(cause, 600)}{_FIX}{shown(fix, 300)}")
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, with a usage error as one bounded line naming cause and fix, and exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, error_line(message) + "\n")
 
 
 def _bounded(flag: str) -> Any:
     return whole_number_in(1, LIMITS[flag])
 
 
-def _device_text(text: str) -> str:
-    if not _DEVICE.match(text):
-        raise argparse.ArgumentTypeError(
-            f"'{shown(text, 40)}' is not a device; use cpu, cuda or cuda:N"
-        )
-    return text
-
-
 def parser() -> argparse.ArgumentParser:
     """The bench's parser (torch-free: ``--help`` and usage errors import no torch)."""
-    bench = _Parser(
+    bench = Parser(
         prog=PROG,
         description="on a GPU: stock b12x eviction vs the plugin's (memory, efficacy, cost, races)",
     )
-    bench.add_argument("--device", type=_device_text, metavar="cuda:N", help="(default cuda:0)")
+    bench.add_argument("--device", type=device_text, metavar="cuda:N", help="(default cuda:0)")
     bench.add_argument(
         "--out",
         type=Path,
@@ -161,22 +142,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _bench(args)
     except L2EvictError as error:
-        print(error_line(str(error)), file=sys.stderr)
-        return 2
+        print(error_line(PROG, str(error)), file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print(
-            error_line("interrupted; temporary files removed", "run the command again"),
+            error_line(PROG, "interrupted; temporary files removed", "run the command again"),
             file=sys.stderr,
         )
-        return 130
+        return EXIT_INTERRUPTED
     except OSError as error:
         print(
             error_line(
+                PROG,
                 f"{error.strerror or error} ({shown(str(error.filename or 'no file'))})",
                 "check the path and its permissions",
             ),
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE
     finally:
         signal.signal(signal.SIGTERM, previous)

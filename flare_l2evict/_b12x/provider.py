@@ -22,26 +22,31 @@ NEEDED = f"flashinfer-python>={MIN_FLASHINFER} or b12x>={MIN_B12X}"
 
 def versions() -> tuple[str | None, str | None]:
     """The installed ``b12x`` and ``flashinfer-python`` distributions' versions."""
-    return _version("b12x"), _version("flashinfer-python")
+    return installed_version("b12x"), installed_version("flashinfer-python")
 
 
-def _version(name: str) -> str | None:
+def installed_version(name: str) -> str | None:
     """The installed distribution's version, or ``None``: found without raising.
 
+    The one look-up of an installed version, for the runtime and the tools alike. A
+    distribution record without a ``Version`` is ``None`` too, not the text ``'None'``.
     b12x has no distribution of its own where flashinfer-python ships it, so a raise and
     catch here would run on every start-up; no exception is handled on the start-up's
     path (under CPython 3.11 one raised from a trace function inside a handler leaves the
     handled one on the thread, and with it every frame above, the host's weights too).
     """
     for found in importlib.metadata.distributions(name=name):
-        return str(found.version)
+        # get_all, not []: a missing key raises from 3.12 on, and says None before it.
+        found_versions = found.metadata.get_all("Version") or [None]
+        version = found_versions[0]
+        return version if isinstance(version, str) and version else None
     return None
 
 
 def running_torch_version() -> str | None:
     """The version of the torch that runs (``torch.__version__``), not of stale metadata."""
     loaded = getattr(sys.modules.get("torch"), "__version__", None)
-    return str.__str__(loaded) if isinstance(loaded, str) else _version("torch")
+    return str.__str__(loaded) if isinstance(loaded, str) else installed_version("torch")
 
 
 def _release(version: str) -> tuple[int, ...]:

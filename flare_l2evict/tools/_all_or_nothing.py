@@ -49,7 +49,9 @@ class _Held:
 
 
 @contextlib.contextmanager
-def _interrupts_held() -> Iterator[_Held]:
+def _interrupts_held(settle: bool) -> Iterator[_Held]:
+    """Ctrl-C and SIGTERM held for the body; after it, the handlers as they were, or, where
+    ``settle`` and the body went through, ignored (the caller's result is final)."""
     held = _Held()
     if threading.current_thread() is not threading.main_thread():
         yield held  # signals reach the main thread only: nothing to hold here
@@ -61,11 +63,16 @@ def _interrupts_held() -> Iterator[_Held]:
     previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     for number in previous:
         signal.signal(number, hold)
+    done = False
     try:
         yield held
+        done = True
     finally:
         for number, handler in previous.items():
-            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+            if done and settle:
+                signal.signal(number, signal.SIG_IGN)
+            else:
+                signal.signal(number, signal.SIG_DFL if handler is None else handler)
 
 
 class _FilesLeft(L2EvictError):
@@ -73,7 +80,11 @@ class _FilesLeft(L2EvictError):
 
 
 def write_all(
-    out: Path, files: Sequence[File], *, check: Callable[[Path], None] | None = None
+    out: Path,
+    files: Sequence[File],
+    *,
+    check: Callable[[Path], None] | None = None,
+    settle: bool = False,
 ) -> None:
     """Make ``out`` (and its missing parents) hold ``files``, every one of them or none.
 
@@ -81,9 +92,11 @@ def write_all(
     it raises is raised, with ``out`` as it was. Raises :class:`KeyboardInterrupt`
     when interrupted and :class:`L2EvictError` on a failure, each after ``out``
     is back as it was; if even that fails, one :class:`L2EvictError` says what
-    is left where.
+    is left where. ``settle``: once every file is in, Ctrl-C and SIGTERM stay ignored, so
+    that a command that reports the write ends with the exit code its report states (the
+    command's ``main`` puts the handlers back as it returns).
     """
-    with _interrupts_held() as held:
+    with _interrupts_held(settle) as held:
         _Writer(out, held).write(files, check)
 
 

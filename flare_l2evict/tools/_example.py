@@ -135,13 +135,16 @@ def _refuse_links(out: Path) -> None:
             )
 
 
-def write_example(out: Path, window_bytes: int, *, shown_as: str | None = None) -> list[Path]:
+def write_example(
+    out: Path, window_bytes: int, *, shown_as: str | None = None, settle: bool = False
+) -> list[Path]:
     """Write every example file into ``out`` (made if missing) and return their paths.
 
     All or nothing (:func:`~flare_l2evict.tools._all_or_nothing.write_all`):
     interrupted or failed, ``out`` is left as it was, and the error says so.
     Only the files named here are written; others in ``out`` are left alone.
-    ``shown_as`` is how ``COMMANDS.md`` names the directory (default: ``out``).
+    ``shown_as`` is how ``COMMANDS.md`` names the directory (default: ``out``);
+    ``settle``: :func:`~flare_l2evict.tools._all_or_nothing.write_all`'s.
     Nothing outside ``out`` changes: a link found at a name is moved aside as
     a directory entry, never followed.
     """
@@ -172,5 +175,5 @@ def write_example(out: Path, window_bytes: int, *, shown_as: str | None = None) 
     ):
         files.append((name, text.encode("utf-8"), None))
     # The links are refused once DIR exists: a refusal then removes a DIR it made.
-    write_all(out, files, check=_refuse_links)
+    write_all(out, files, check=_refuse_links, settle=settle)
     return [out / name for name, _, _ in files]

@@ -565,3 +565,42 @@ def _shard(
             f"{shown(str(index.parent))}; fix: download the whole checkpoint"
         )
     return load(path, "shard")
+
+
+def refuse_non_safetensors(paths: Sequence[Path]) -> None:
+    """Refuse, by name, a file that plainly is not safetensors (text or JSON, not an index).
+
+    A safetensors file starts with its header's length, 8 little-endian bytes;
+    8 bytes of printable text declare over 2**56 header bytes, which no file
+    has. So text there is never a checkpoint, and a JSON file is most likely
+    an index not named ``*.index.json`` (only that name is read as an index):
+    telling the operator to re-download it would send them after a good file.
+    Files that cannot be opened are left to the reader's own messages.
+    """
+    for path in paths:
+        if path.name.endswith(".index.json"):
+            continue
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read
+                continue
+            with path.open("rb") as handle:
+                head = handle.read(8)
+        except (OSError, ValueError):  # ValueError: a NUL inside the path
+            continue
+        if not head or not all(byte in _TEXT_BYTES for byte in head):
+            continue
+        where = shown(str(path))
+        if head.lstrip().startswith((b"{", b"[")):
+            raise CheckpointError(
+                f"{where}: a JSON file, not a safetensors file (an index is read as one only "
+                "when its name ends in .index.json); fix: pass the checkpoint's .safetensors "
+                "files, or its model.safetensors.index.json"
+            )
+        raise CheckpointError(
+            f"{where}: a text file, not a safetensors file (it starts with "
+            f"'{shown(head.decode('ascii'), 20)}'); fix: pass .safetensors files or a "
+            "model.safetensors.index.json"
+        )
+
+
+_TEXT_BYTES = frozenset(range(0x20, 0x7F)) | frozenset(b"\t\n\r\f\v")

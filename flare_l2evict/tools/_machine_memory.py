@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .._errors import CheckpointError
-from ._units import GiB
+from ._profiles import GiB
 
 MEMINFO = Path("/proc/meminfo")
 FALLBACK_BYTES = 16 * GiB

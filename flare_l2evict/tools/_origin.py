@@ -1,4 +1,10 @@
-"""Where the b12x that ``import b12x`` loads comes from, and its seam row (no runtime use)."""
+"""Where the b12x that ``import b12x`` loads comes from, its judged release row, and its seam row.
+
+``b12x_releases.json`` (next to this module) holds one row per published release of
+``b12x`` and ``flashinfer-python``, written by ``scripts/b12x_releases.py --judge
+NAME==VERSION --write``; CI fails when the registry has a release without a row.
+``check`` looks the provider found up in it (:func:`judged`). No runtime use; torch-free.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,15 @@ import csv
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._b12x.table import SeamRow, rows
+from .._errors import L2EvictError
+from .._text import shown
 
 
 @dataclass(frozen=True)
@@ -119,3 +128,39 @@ def stock_row() -> SeamRow:
     """The stock row whose module the loaded b12x has (the first row if none imports)."""
     stock = rows("stock")
     return next((row for row in stock if row.loaded() is not None), stock[0])
+
+
+TABLE = Path(__file__).with_name("b12x_releases.json")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One row: whether the plugin installs on that release, and its one-line reason."""
+
+    installs: bool
+    reason: str
+
+
+def judged(distribution: str, version: str) -> Judged | None:
+    """The row of ``distribution==version``; None where the table has none.
+
+    Raises :class:`~flare_l2evict.L2EvictError` (one line: the file, what is
+    wrong, reinstall) where the shipped table is unreadable or not a JSON object.
+    """
+    try:
+        table = json.loads(TABLE.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise L2EvictError(
+            f"the judged table shipped with flare-l2evict ({shown(str(TABLE))}) is unreadable "
+            f"({type(error).__name__}: {shown(str(error), 120)}; truncated?); "
+            "fix: reinstall flare-l2evict"
+        ) from None
+    if not isinstance(table, dict):
+        raise L2EvictError(
+            f"the judged table shipped with flare-l2evict ({shown(str(TABLE))}) is a JSON "
+            f"{type(table).__name__}, not an object of rows; fix: reinstall flare-l2evict"
+        )
+    row = table.get(f"{distribution}=={version}")
+    if not isinstance(row, dict):
+        return None
+    return Judged(bool(row.get("installs")), str(row.get("reason", "")))

@@ -5,16 +5,36 @@ part of L2 set aside by ``cudaLimitPersistingL2CacheSize``. Neither stock
 b12x's buffer read nor the plugin's weight read evicts them, so a race whose
 inputs sit there runs warm. torch has no getter for the limit: it is read
 through cuda-bindings' runtime, else through the CUDA runtime torch loaded.
+Torch is imported only to read it: :class:`PersistingL2`, what ``check --json``
+prints of it, is torch-free for ``schema``.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from pydantic import Field, NonNegativeInt
 
 from .._text import shown
+from ._json_output import Output
+
+if TYPE_CHECKING:
+    import torch
+
+
+class PersistingL2(Output):
+    """The device's persisting-L2 carve-out: information, never a fault."""
+
+    applicable: bool = Field(description="False off CUDA.")
+    bytes: NonNegativeInt | None = Field(description="The carve-out, or null when not read.")
+    via: str | None = Field(
+        default=None, description="What read it, or why it was not read; null off CUDA."
+    )
+    fault: str | None = Field(
+        default=None, description="A figure outside 0..L2, refused; else null."
+    )
+
 
 LIMIT = 0x06
 """``cudaLimitPersistingL2CacheSize`` in the CUDA runtime's ``cudaLimit`` enum."""
@@ -27,6 +47,8 @@ def persisting_l2_bytes(device: torch.device) -> tuple[int | None, str]:
     server's default) holds its own value. ``None`` when neither reader works;
     the text then says why.
     """
+    import torch
+
     index = device.index if device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(index):
         torch.cuda.synchronize(index)  # the context exists before the runtime is asked
@@ -92,7 +114,7 @@ ACT = (
 
 def persisting_l2_line(
     device: torch.device, l2_cache_bytes: int | None = None
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, PersistingL2]:
     """The report line about the carve-out, and its figures: information, never a verdict.
 
     A figure outside ``0..l2_cache_bytes`` (a negative limit, or more than the
@@ -101,20 +123,22 @@ def persisting_l2_line(
     """
     if device.type != "cuda":
         line = f"persisting L2: not applicable on {device} (a CUDA carve-out)"
-        return line, {"applicable": False, "bytes": None}
+        return line, PersistingL2(applicable=False, bytes=None)
     nbytes, via = persisting_l2_bytes(device)
-    figures: dict[str, Any] = {"applicable": True, "bytes": nbytes, "via": via}
     if nbytes is None:
-        return f"persisting L2 carve-out: not read ({via})", figures
+        return f"persisting L2 carve-out: not read ({via})", PersistingL2(
+            applicable=True, bytes=None, via=via
+        )
     top = l2_cache_bytes if l2_cache_bytes is not None else 1 << 40
     if not 0 <= nbytes <= top:
-        figures |= {"bytes": None, "fault": f"cudaDeviceGetLimit answered {nbytes} via {via}"}
+        fault = f"cudaDeviceGetLimit answered {nbytes} via {via}"
         return (
-            f"persisting L2 carve-out: not read: cudaDeviceGetLimit answered {nbytes} via {via}, "
-            f"outside 0..{top:,} bytes (the L2): a device or driver fault, not a set-aside; "
-            "fix: check the driver (nvidia-smi) and run check in a fresh process",
-            figures,
+            f"persisting L2 carve-out: not read: {fault}, outside 0..{top:,} bytes (the L2): a "
+            "device or driver fault, not a set-aside; fix: check the driver (nvidia-smi) and "
+            "run check in a fresh process",
+            PersistingL2(applicable=True, bytes=None, via=via, fault=fault),
         )
+    figures = PersistingL2(applicable=True, bytes=nbytes, via=via)
     where = f"{nbytes:,} bytes (cudaLimitPersistingL2CacheSize, read via {via})"
     if nbytes == 0:
         return f"persisting L2 carve-out: {where}: every L2 line can be evicted", figures

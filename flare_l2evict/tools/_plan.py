@@ -1,71 +1,34 @@
-"""Plan offline: what the plugin would read and reclaim on each rank, from headers alone."""
+"""Plan offline: what the plugin would read and reclaim on each rank, from headers alone.
+
+:func:`decide` is start-up's own choice (:func:`~flare_l2evict._decision.choose_regions`)
+followed by start-up's own credit (:func:`~flare_l2evict._credit.credit`), from what a
+caller knows: ``plan`` on each rank's shard, ``check`` on this rank's checkpoint. A
+server's start-up calls the same two functions itself, so what the tools print is what
+start-up does (``tests/test_plan_matches_startup.py``).
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple
 
-from .._credit import stock_buffer_bytes
-from .._decision import Storages
-from .._settings import L2EvictSettings
+from pydantic import Field, NonNegativeInt, computed_field, field_serializer
+
+from .._credit import Credit, credit, stock_buffer_bytes
+from .._decision import Region, RegionChoice, Storages, choose_regions
+from .._settings import DISABLED, L2EvictSettings
 from .._text import shown
 from ._headers import TensorHeader
-from ._inputs import DISABLED
-from ._kv import kv_tokens
-from ._plan_decision import Decision, decide
+from ._json_output import Output
 
 log = logging.getLogger("flare_l2evict.tools.plan")
 
 _ALLOCATION = 512  # torch's CUDA allocator rounds every tensor it loads to this
 
-
-@dataclass(frozen=True)
-class RankPlan:
-    """One rank's choice, as ``before_first_capture`` would make it."""
-
-    rank: int
-    tensor: str | None
-    storage_bytes: int
-    sources: tuple[str, ...]
-    window_bytes: int
-    reclaimed_bytes: int
-    kv_tokens_gained: int | None
-    reason: str | None
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Every rank's plan and the figure all ranks would agree on (the minimum)."""
-
-    ranks: tuple[RankPlan, ...]
-    agreed_reclaimed_bytes: int
-    agreed_kv_tokens_gained: int | None
-    tensors: int
-    files: int
-    estimate: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every figure, with tensor names cut as the table cuts them (:func:`cut_name`).
-
-        A 1,000,000-character name costs at most :data:`NAME_LIMIT` characters
-        wherever it appears; ``tensor_chars`` keeps its full length and
-        ``names_cut`` counts the names of the rank that were cut.
-        """
-        data = asdict(self)
-        for rank in data["ranks"]:
-            names = [rank["tensor"], *rank["sources"]]
-            rank["tensor_chars"] = None if rank["tensor"] is None else len(rank["tensor"])
-            rank["names_cut"] = sum(n is not None and len(n) > NAME_LIMIT for n in names)
-            rank["tensor"] = None if rank["tensor"] is None else cut_name(rank["tensor"])
-            rank["sources"] = [cut_name(name) for name in rank["sources"]]
-        data["name_limit"] = NAME_LIMIT
-        return data
-
-
 NAME_LIMIT = 80
-"""Characters of a tensor name ``plan`` prints, in its table and in its JSON."""
+"""Characters of a tensor name the tools print, in their tables and in their JSON."""
 
 
 def cut_name(name: str) -> str:
@@ -75,6 +38,71 @@ def cut_name(name: str) -> str:
     ``...[N chars]`` with N its full length.
     """
     return name if len(name) <= NAME_LIMIT else shown(name, NAME_LIMIT)
+
+
+def kv_tokens(nbytes: int, bytes_per_token: int) -> int:
+    """Whole tokens that ``nbytes`` of KV cache hold: ``floor(nbytes / bytes_per_token)``.
+
+    A token needs all of its bytes, so a part of one never counts; a negative byte count
+    holds none. ``plan``'s "KV tokens gained" is this of the credit, and the reference
+    host's KV cache is this of its own budget plus this of the credit, so the two always
+    agree on what the credit adds.
+    """
+    if bytes_per_token <= 0:
+        raise ValueError(f"bytes_per_token = {bytes_per_token}: must be positive")
+    return max(0, nbytes) // bytes_per_token
+
+
+@dataclass(frozen=True)
+class Decision:
+    """:func:`decide`'s answer: the choice, and the credit with its reason when it is 0."""
+
+    chosen: RegionChoice
+    credit: Credit
+
+    @property
+    def window_bytes(self) -> int:
+        return self.chosen.window_bytes
+
+    @property
+    def read_bytes(self) -> int:
+        return self.chosen.read_bytes
+
+    @property
+    def regions(self) -> tuple[Region, ...]:
+        return self.chosen.regions
+
+
+def decide(
+    storages: Storages,
+    *,
+    window_bytes: int,
+    exclude: Sequence[str],
+    race_jobs: int,
+    stock_buffer_bytes: int,
+    blocked: str | None = None,
+    where: str = "the device",
+) -> Decision:
+    """What start-up installs and credits, given what the caller knows.
+
+    ``blocked`` is why nothing can be installed whatever the storages (b12x's seam failed
+    its proof, the plugin is disabled), or ``None``. The credit is start-up's credit of
+    the choice; its reason, when it is 0, is the first of: ``blocked``, the choice's
+    shortfall, the credit's own.
+    """
+    choice = choose_regions(storages, window_bytes, exclude, where=where)
+    if blocked is not None:
+        return Decision(choice, Credit(0, blocked))
+    if choice.shortfall is not None:
+        return Decision(choice, Credit(0, choice.shortfall))
+    granted = credit(
+        installable=True,
+        race_jobs=race_jobs,
+        stock_buffer_bytes=stock_buffer_bytes,
+        window_bytes=window_bytes,
+        read_bytes=choice.read_bytes,
+    )
+    return Decision(choice, granted)
 
 
 class Shard(NamedTuple):
@@ -125,7 +153,7 @@ def decide_shard(
     stock_buffer_bytes: int,
     blocked: str | None = None,
 ) -> Decision:
-    """Start-up's own decision (:func:`flare_l2evict.decide`) on one rank's tensors.
+    """Start-up's own decision (:func:`decide`) on one rank's tensors.
 
     safetensors' loader gives each tensor a storage of its own, so each gets an
     address range of its own, apart from every other; shared by ``plan`` and
@@ -149,6 +177,48 @@ def decide_shard(
     )
 
 
+class PlanRank(Output):
+    """One rank's plan: what start-up would read and credit there.
+
+    It holds tensor names whole; printed, each is cut to :data:`NAME_LIMIT` characters
+    (``tensor_chars`` keeps the first one's length, ``names_cut`` counts the cut ones).
+    """
+
+    rank: NonNegativeInt = Field(description="The rank.")
+    tensor: str | None = Field(
+        description=f"The first tensor read (cut to {NAME_LIMIT} characters), or null."
+    )
+    storage_bytes: NonNegativeInt = Field(description="Bytes of the storages read.")
+    sources: tuple[str, ...] = Field(description="Every tensor read, each cut as tensor is.")
+    window_bytes: NonNegativeInt = Field(description="Bytes read per eviction.")
+    reclaimed_bytes: NonNegativeInt = Field(description="What this rank alone would credit.")
+    kv_tokens_gained: NonNegativeInt | None = Field(
+        description="Whole KV tokens of reclaimed_bytes."
+    )
+    reason: str | None = Field(
+        description="Why this rank credits 0 (it falls back, or is disabled by config), or null."
+    )
+
+    @computed_field(description="tensor's full length, uncut.")  # type: ignore[prop-decorator]
+    @property
+    def tensor_chars(self) -> NonNegativeInt | None:
+        return None if self.tensor is None else len(self.tensor)
+
+    @computed_field(description="Names of this rank that were cut.")  # type: ignore[prop-decorator]
+    @property
+    def names_cut(self) -> NonNegativeInt:
+        names = [self.tensor, *self.sources]
+        return sum(name is not None and len(name) > NAME_LIMIT for name in names)
+
+    @field_serializer("tensor")
+    def _tensor_cut(self, tensor: str | None) -> str | None:
+        return None if tensor is None else cut_name(tensor)
+
+    @field_serializer("sources")
+    def _sources_cut(self, sources: tuple[str, ...]) -> list[str]:
+        return [cut_name(name) for name in sources]
+
+
 def plan_rank(
     rank: int,
     shard: Shard,
@@ -157,7 +227,7 @@ def plan_rank(
     l2_cache_bytes: int,
     race_jobs: int,
     kv_bytes_per_token: int | None,
-) -> RankPlan:
+) -> PlanRank:
     """The plugin's choice for one rank, as start-up would make it on the loaded tensors."""
     decision = decide_shard(
         shard,
@@ -168,7 +238,7 @@ def plan_rank(
     )
     reclaimed = decision.credit.nbytes
     sources = decision.regions if reclaimed else ()
-    return RankPlan(
+    return PlanRank(
         rank=rank,
         tensor=sources[0].name if sources else None,
         storage_bytes=sum(source.storage_bytes for source in sources),
@@ -182,31 +252,16 @@ def plan_rank(
     )
 
 
-def _log_basis(settings: L2EvictSettings, l2_cache_bytes: int, race_jobs: int) -> None:
-    log.debug(
-        "flare_l2evict: plan's basis: stock buffer %s bytes per race job (formula max(2 x L2, "
-        "64 MiB): offline, no seam is measured), window %s bytes (%s), L2 %s bytes, %d race jobs",
-        f"{stock_buffer_bytes(l2_cache_bytes):,}",
-        f"{settings.window_bytes(l2_cache_bytes):,}",
-        settings.window,
-        f"{l2_cache_bytes:,}",
-        race_jobs,
-    )
-
-
-def make_plan(
+def plan_ranks(
     shards: Sequence[Shard],
     settings: L2EvictSettings,
     *,
-    tensors: int,
-    files: int,
     l2_cache_bytes: int,
     race_jobs: int,
     kv_bytes_per_token: int | None,
-    estimate: str | None = None,
-) -> Plan:
-    """Plan every rank and agree on the minimum, as the plugin does at start-up."""
-    planned: dict[int, RankPlan] = {}  # identical shards (an even split) are planned once
+) -> list[PlanRank]:
+    """Every rank's plan, in rank order; identical shards (an even split) planned once."""
+    planned: dict[int, PlanRank] = {}
     ranks = []
     debug = log.isEnabledFor(logging.DEBUG)
     if debug:
@@ -227,15 +282,17 @@ def make_plan(
                 race_jobs=race_jobs,
                 kv_bytes_per_token=kv_bytes_per_token,
             )
-        ranks.append(replace(planned[id(shard)], rank=rank))
-    agreed = min(r.reclaimed_bytes for r in ranks)
-    return Plan(
-        ranks=tuple(ranks),
-        agreed_reclaimed_bytes=agreed,
-        agreed_kv_tokens_gained=None
-        if kv_bytes_per_token is None
-        else kv_tokens(agreed, kv_bytes_per_token),
-        tensors=tensors,
-        files=files,
-        estimate=estimate,
+        ranks.append(planned[id(shard)].model_copy(update={"rank": rank}))
+    return ranks
+
+
+def _log_basis(settings: L2EvictSettings, l2_cache_bytes: int, race_jobs: int) -> None:
+    log.debug(
+        "flare_l2evict: plan's basis: stock buffer %s bytes per race job (formula max(2 x L2, "
+        "64 MiB): offline, no seam is measured), window %s bytes (%s), L2 %s bytes, %d race jobs",
+        f"{stock_buffer_bytes(l2_cache_bytes):,}",
+        f"{settings.window_bytes(l2_cache_bytes):,}",
+        settings.window,
+        f"{l2_cache_bytes:,}",
+        race_jobs,
     )

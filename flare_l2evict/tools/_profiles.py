@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._units import GiB, MiB
+MiB = 1 << 20
+GiB = 1 << 30
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,16 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, computed_field, field_serializer
 
 from .._errors import L2EvictError
 from .._settings import L2EvictSettings
 from .._text import shown
+
+if TYPE_CHECKING:
+    import torch
 
 ARMS = ("stock", "plugin", "stock_rerun")
 REPEATS = 2
@@ -36,49 +38,68 @@ TOLERANCE = 0.01
 """A winner that costs at most 1% more than stock's under stock's timings is a tie, not a change."""
 
 
-@dataclass
-class RaceAgreement:
-    """What ``check --races`` found; ``agrees`` decides its exit code."""
+class RaceAgreement(BaseModel):
+    """``check --races``: real b12x races, stock against the plugin, on this GPU.
 
-    races: int
-    repeats: int
-    winners: dict[str, list[list[int]]] = field(default_factory=dict)
-    """Per arm, per repeat, each race's winning candidate."""
-    changed: dict[str, int] = field(default_factory=dict)
-    """Per arm (not stock): races, over all repeats, whose winner changed beyond the tolerance."""
-    regret: dict[str, float] = field(default_factory=dict)
-    """Per arm: the worst cost of its winner over stock's, under stock's timings."""
-    peak_bytes: dict[str, int] = field(default_factory=dict)
-    spread: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Per arm: its winner's latency over stock's winner's, lowest and highest."""
-    reclaimed_bytes: int = 0
-    reason: str | None = None
-    """Why the plugin's arm did not run (it fell back), or None."""
-    seconds: float = 0.0
-    cute_guard_stand_in: bool = False
+    Filled as the races run (:func:`race_check`); ``agrees`` decides the exit code. What
+    ``check --json`` prints as ``races``, declared once.
+    """
 
+    model_config = ConfigDict(extra="forbid")
+
+    races: NonNegativeInt = Field(description="Races per repeat.")
+    repeats: NonNegativeInt = Field(description="Repeats of the race set.")
+    winners: dict[str, list[list[int]]] = Field(
+        default_factory=dict,
+        description="Per arm (stock, plugin, stock_rerun), per repeat, each race's winner.",
+    )
+    changed: dict[str, NonNegativeInt] = Field(
+        default_factory=dict,
+        description="Per arm but stock, races whose winner changed beyond the tolerance.",
+    )
+    max_regret: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per arm, the worst cost of its winner over stock's, under stock's timings.",
+    )
+    peak_bytes: dict[str, NonNegativeInt] = Field(
+        default_factory=dict,
+        description="Per arm, the CUDA allocator's peak growth over its races.",
+    )
+    winner_latency_ratio: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description="Per arm, its winner's latency over stock's winner's: lowest, highest.",
+    )
+    reclaimed_bytes: NonNegativeInt = Field(
+        default=0, description="What the plugin's arm reclaimed."
+    )
+    reason: str | None = Field(
+        default=None, description="Why the plugin's arm did not run, or null."
+    )
+    seconds: float = Field(default=0.0, description="Seconds the races took.")
+    cute_guard_stand_in: bool = Field(
+        default=False,
+        description="b12x's no-compilation guard ran with a stand-in for the CuTe DSL's compiler.",
+    )
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="The plugin changed no more winners than stock's re-run."
+    )
     @property
     def agrees(self) -> bool:
         if self.reason is not None:
             return False
         return self.changed.get("plugin", 0) <= self.changed.get("stock_rerun", 0)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "races": self.races,
-            "repeats": self.repeats,
-            "agrees": self.agrees,
-            "tolerance": TOLERANCE,
-            "winners": self.winners,
-            "changed": self.changed,
-            "max_regret": self.regret,
-            "peak_bytes": self.peak_bytes,
-            "winner_latency_ratio": {k: list(v) for k, v in self.spread.items()},
-            "reclaimed_bytes": self.reclaimed_bytes,
-            "reason": self.reason,
-            "seconds": round(self.seconds, 2),
-            "cute_guard_stand_in": self.cute_guard_stand_in,
-        }
+    @computed_field(  # type: ignore[prop-decorator]
+        description="A winner costing at most this much more is a tie."
+    )
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE
+
+    @field_serializer("seconds")
+    def _seconds(self, seconds: float) -> float:
+        return round(seconds, 2)
 
 
 def _winner(latencies: tuple[float, ...]) -> int:
@@ -95,6 +116,8 @@ def race_check(
     Raises :class:`~flare_l2evict.L2EvictError` (one line) where the races
     cannot run at all: no Triton, or no b12x race machinery.
     """
+    import torch
+
     try:
         importlib.import_module("triton")
     except ImportError as error:
@@ -102,7 +125,7 @@ def race_check(
             f"--races needs Triton to build its race set ({shown(str(error), 120)}); "
             "fix: pip install triton (torch's CUDA wheels bring it)"
         ) from None
-    from .. import evicting_from
+    from .._program import evicting_from
     from ._race_set import SHAPES, gemm_race
     from .reference_host import cute_guard, run_race
 
@@ -170,6 +193,8 @@ def _races(
     races: list[Any], device: torch.device, run_race: Callable[..., Any]
 ) -> tuple[list[tuple[float, ...]], int]:
     """Each race's latencies, and the CUDA allocator's peak growth over them (bytes)."""
+    import torch
+
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -192,8 +217,8 @@ def _judge(result: RaceAgreement, latencies: dict[str, list[list[tuple[float, ..
                 changed += chosen != _winner(base) and regret > TOLERANCE
                 ratios.append(min(seen) / min(base))
         result.changed[arm] = changed
-        result.regret[arm] = max(regrets)
-        result.spread[arm] = (min(ratios), max(ratios))
+        result.max_regret[arm] = max(regrets)
+        result.winner_latency_ratio[arm] = (min(ratios), max(ratios))
 
 
 def _lines(result: RaceAgreement, line: Callable[..., None]) -> None:
@@ -218,10 +243,10 @@ def _lines(result: RaceAgreement, line: Callable[..., None]) -> None:
             for base, seen in zip(result.winners["stock"], result.winners[arm], strict=True)
             for a, b in zip(base, seen, strict=True)
         )
-        low, high = result.spread[arm]
+        low, high = result.winner_latency_ratio[arm]
         line(
             f"races: {name}: stock's winner in {same} of {total}; changed beyond "
-            f"{TOLERANCE:.0%}: {result.changed[arm]}; regret max {result.regret[arm]:.2%}; "
+            f"{TOLERANCE:.0%}: {result.changed[arm]}; regret max {result.max_regret[arm]:.2%}; "
             f"winner latency vs stock {low - 1:+.1%}..{high - 1:+.1%}"
         )
     peaks = ", ".join(

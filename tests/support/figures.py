@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flare_l2evict._credit import CREDIT_OVERHEAD_BYTES as OWN, EVICTION_OUTPUT_BYTES as OUTPUTS
-from flare_l2evict.tools._units import GiB, MiB
+from flare_l2evict.tools._profiles import GiB, MiB
 from flare_l2evict.tools.reference_host import DEFAULT_KV_BYTES_PER_TOKEN as KV_BYTES_PER_TOKEN
 
 # OUTPUTS: what the eviction holds in torch's allocator (its outputs).

@@ -3,7 +3,7 @@
 :func:`parsed` is how the CLI tests read ``startup``, ``plan`` and ``check``
 JSON: it parses the text and validates it against ``flare-l2evict schema
 COMMAND``'s schema (``tests/test_json_output.py`` holds the command to print
-exactly :func:`~flare_l2evict.tools._json_models.json_schema`).
+exactly :func:`schema_of` the command, its model's JSON Schema).
 
 :func:`validate` is a JSON Schema validator for the keywords pydantic writes
 (no ``jsonschema`` in the test environment). It refuses a keyword it does not
@@ -16,9 +16,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from flare_l2evict.tools._json_models import json_schema
+from flare_l2evict.tools._json_output import json_schema
+from flare_l2evict.tools.cli import COMMANDS
 
-_ANNOTATIONS = frozenset({"$schema", "$defs", "title", "description", "default", "examples"})
+_ANNOTATIONS = frozenset(
+    {"$schema", "$defs", "title", "description", "default", "examples", "readOnly"}
+)
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
     "array": (list,),
@@ -30,10 +33,16 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+def schema_of(command: str) -> dict[str, Any]:
+    """The JSON Schema of what ``command --json`` prints: its registered model's."""
+    (output,) = [c.output for c in COMMANDS if c.name == command and c.output is not None]
+    return json_schema(output)
+
+
 def parsed(command: str, text: str) -> dict[str, Any]:
     """``command --json``'s stdout as a dict, after validating it against its schema."""
     data = json.loads(text)
-    validate(data, json_schema(command))
+    validate(data, schema_of(command))
     assert isinstance(data, dict)
     return data
 

@@ -54,7 +54,7 @@ def rank_main(rank: int, world_size: int, directory: str) -> None:
         check = StorageDeviceCheck()
         host.pm.register(check, name="storage-device-check")
         result = host.start(shard)
-        results[name] = {**result.as_dict(), "eviction_devices": check.devices}
+        results[name] = {**result.model_dump(mode="json"), "eviction_devices": check.devices}
     Path(directory, f"rank{rank}.json").write_text(json.dumps(results, default=str))
     dist.barrier()
     dist.destroy_process_group()

@@ -8,13 +8,13 @@ KV allocator that sizes the cache from what the plugins report.
 
 from .._inputs import installed_plugins
 from .._profiles import DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PROFILE, PROFILES, DeviceProfile
+from .._startup_arm import StartupArm
 from ._checkpoint import load_checkpoint
 from ._example import example_tensors, write_example_checkpoint, write_sparse_index
 from ._host import (
     ReferenceHost,
     ReferenceKVAllocator,
     ReferenceRuntime,
-    StartupResult,
     plugin_manager,
 )
 from ._races import RaceResult, cute_guard, gemm_candidates, run_race
@@ -28,7 +28,7 @@ __all__ = [
     "ReferenceHost",
     "ReferenceKVAllocator",
     "ReferenceRuntime",
-    "StartupResult",
+    "StartupArm",
     "cute_guard",
     "example_tensors",
     "gemm_candidates",

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pluggy
 import torch
@@ -28,13 +28,16 @@ from ..._report import ReclaimReport, StartupAudit
 from ..._request import KVSizing
 from ...hookspecs import FlareStartupSpec
 from .._inputs import refuse_unknown_plugins
-from .._kv import kv_tokens
 from .._machine_memory import refuse_what_this_machine_cannot_hold
 from .._origin import stock_row
+from .._plan import kv_tokens
 from .._profiles import DeviceProfile
+from .._startup_arm import StartupArm
 from ._checkpoint import load_checkpoint
 
 log = logging.getLogger("flare_l2evict.tools.reference_host")
+Eviction = Literal["weights", "stock", "none"]
+"""What one race job's eviction reads (:attr:`StartupArm.job_evictions`)."""
 
 
 class ReferenceKVAllocator:
@@ -46,7 +49,7 @@ class ReferenceKVAllocator:
     :meth:`add_reclaimed`, and if it did the budget would show the double count.
 
     Tokens: the whole tokens of the budget without the credit, plus the whole
-    tokens of the credit (:func:`~flare_l2evict.tools._kv.kv_tokens` of each),
+    tokens of the credit (:func:`~flare_l2evict.tools._plan.kv_tokens` of each),
     so the credit adds exactly what ``plan`` says it gains.
     """
 
@@ -113,71 +116,6 @@ class ReferenceRuntime:
 
     def resident_tensors(self) -> Mapping[str, torch.Tensor]:
         return self.tensors
-
-
-@dataclass(frozen=True)
-class StartupResult:
-    """One start-up's figures.
-
-    ``eviction_measured``: the eviction storage was read off the CUDA allocator
-    (else modelled from the profile). On CUDA, ``race_winners`` holds each race
-    job's winning candidate, ``race_peak_bytes`` the allocator's peak growth
-    across the jobs' real b12x races and ``free_after_races_bytes`` the device's
-    free memory right after them, the race jobs still alive.
-
-    ``kv_sizing``: how the budget was sized. *reserved*: ``memory - loaded -
-    eviction_reserve_bytes + reclaimed_bytes``; *measured*: ``memory - loaded -
-    measured_race_bytes`` (the race peak on CUDA; on a CPU the eviction storage the
-    host counted), with nothing credited.
-    """
-
-    plugins: tuple[str, ...]
-    device: str
-    memory_bytes: int
-    l2_cache_bytes: int
-    race_jobs: int
-    loaded_bytes: int
-    eviction_reserve_bytes: int
-    eviction_storage_bytes: int
-    eviction_measured: bool
-    reclaimed_bytes: int
-    kv_budget_bytes: int
-    kv_tokens: int
-    report: ReclaimReport | None
-    job_evictions: tuple[str, ...]
-    """Each race job's eviction: ``"weights"``, ``"stock"`` (its own buffer, made on CUDA,
-    counted at stock's size on a CPU) or ``"none"`` (on CUDA, b12x's seam gave no eviction)."""
-    race_winners: tuple[int, ...] = ()
-    race_peak_bytes: int | None = None
-    cute_guard_stand_in: bool = False
-    audit: StartupAudit | None = None
-    kv_sizing: KVSizing = "reserved"
-    measured_race_bytes: int | None = None
-    free_after_races_bytes: int | None = None
-    free_at_hook_bytes: int = 0
-    """Memory free on the device when ``before_first_capture`` ran: the profile's memory less
-    the checkpoint on a CPU; torch's free memory (the driver's and its cache's) on CUDA."""
-    credit_cut_bytes: int = 0
-    """What the plugin's credit asked beyond :attr:`free_at_hook_bytes`: not taken."""
-    out_of_memory: str | None = None
-    """Why this start-up's races run out of memory (stock's buffers do not fit), or ``None``."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every figure; tensor names in the report cut as ``plan`` cuts them, and counted."""
-        from .._plan import NAME_LIMIT, cut_name
-
-        data = {k: v for k, v in self.__dict__.items() if k not in ("report", "audit")}
-        data["report"] = None if self.report is None else self.report.model_dump(mode="json")
-        data["audit"] = None if self.audit is None else self.audit.model_dump(mode="json")
-        report = data["report"]
-        if report is not None:
-            names = [report["source_tensor"], *(s["tensor"] for s in report["sources"])]
-            report["names_cut"] = sum(n is not None and len(n) > NAME_LIMIT for n in names)
-            if report["source_tensor"] is not None:
-                report["source_tensor"] = cut_name(report["source_tensor"])
-            for source in report["sources"]:
-                source["tensor"] = cut_name(source["tensor"])
-        return data
 
 
 def plugin_manager(plugins: Sequence[str]) -> pluggy.PluginManager:
@@ -249,7 +187,7 @@ class ReferenceHost:
 
     def start(
         self, checkpoint: str | Path | Sequence[str | Path] | Mapping[str, torch.Tensor]
-    ) -> StartupResult:
+    ) -> StartupArm:
         """Load, call the hooks, start the race jobs, size the KV cache.
 
         ``checkpoint``: tensors, one .safetensors file, or several files and/or
@@ -313,7 +251,7 @@ class ReferenceHost:
         # broke the contract, which the budget would then show as a double count).
         measured = None if self.kv_sizing == "reserved" else jobs.held_bytes
         held = reserve if measured is None else measured
-        return StartupResult(
+        return StartupArm(
             plugins=self.plugins,
             device=str(self.device),
             memory_bytes=memory,
@@ -390,7 +328,9 @@ class ReferenceHost:
                 modelled += EVICTION_OUTPUT_BYTES  # the plugin's own outputs, once per process
             # A job the plugin does not serve is counted at stock's buffer, so it reads
             # "stock": stock b12x cannot make its buffer on a CPU, but would on the GPU.
-            kinds = tuple("weights" if _reads_weights(e) else "stock" for e in evictions)
+            kinds: tuple[Eviction, ...] = tuple(
+                "weights" if _reads_weights(e) else "stock" for e in evictions
+            )
             oom = self._out_of_memory(kinds.count("stock"), l2, free)
             return _RaceJobs(modelled, False, kinds, out_of_memory=oom)
         from ._races import cute_guard, gemm_candidates, run_race
@@ -405,8 +345,8 @@ class ReferenceHost:
         if not getattr(seam, "__flare_l2evict__", False):  # stock's seam: every job allocates
             oom = self._out_of_memory(self.profile.race_jobs, l2, free)
             if oom is not None:  # said in words, before torch's OutOfMemoryError would say it
-                kinds = ("stock",) * self.profile.race_jobs
-                return _RaceJobs(0, True, kinds, out_of_memory=oom)
+                stock: Eviction = "stock"
+                return _RaceJobs(0, True, (stock,) * self.profile.race_jobs, out_of_memory=oom)
         evictions = []
         for index in range(self.profile.race_jobs):
             self.events.append(f"race job {index} starts")
@@ -456,7 +396,7 @@ def _load_files(paths: list[Path], device: torch.device) -> dict[str, torch.Tens
 class _RaceJobs:
     storage_bytes: int
     measured: bool
-    evictions: tuple[str, ...]
+    evictions: tuple[Eviction, ...]
     winners: tuple[int, ...] = ()
     peak_bytes: int | None = None
     cute_guard_stand_in: bool = False
@@ -476,7 +416,7 @@ def _reads_weights(eviction: object) -> bool:
     return isinstance(eviction, EvictionHandle)
 
 
-def _kind(eviction: object) -> str:
+def _kind(eviction: object) -> Eviction:
     if eviction is None:
         return "none"
     return "weights" if _reads_weights(eviction) else "stock"

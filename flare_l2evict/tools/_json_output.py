@@ -1,0 +1,107 @@
+"""What every ``--json`` output shares: its base model, its ``"schema"`` key, how it prints.
+
+Each command declares its output once, as a pydantic model built by the command
+(``startup``: :class:`~.cli.startup.StartupOutput` of two reference-host arms; ``plan``:
+:class:`~.cli.plan.PlanOutput`; ``check``: :class:`~.cli.check.CheckOutput`), and prints
+it with :func:`printed`. ``flare-l2evict schema COMMAND`` prints :func:`json_schema` of
+the same model, and ``scripts/json_fields.py`` writes docs/command-line.md's field tables
+from it. Torch-free: ``schema`` answers in well under a second.
+
+:data:`SCHEMA_VERSION` is the ``"schema"`` key of every object: it rises when a key changes
+meaning (3: ``check`` without a checkpoint says ``installs if`` and the ``condition``,
+never ``installs``; 2: a CPU start-up's stock race jobs read ``stock``, not ``none``;
+every key is always present, null where it does not apply).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION: Final = 3
+"""``"schema"`` of every JSON object the CLI prints: raised when a key changes meaning."""
+
+
+def schema_field() -> Any:
+    """The ``schema`` key's field (a fresh one per model: pydantic keeps each field's own)."""
+    return Field(
+        default=SCHEMA_VERSION,
+        alias="schema",
+        description="The version of these keys' meanings; it rises when one changes.",
+    )
+
+
+def exit_field() -> Any:
+    return Field(description="The command's exit code: 0 installs (or disabled), 1 falls back.")
+
+
+class Output(BaseModel):
+    """Every key always present (null where it does not apply), and none other.
+
+    A default (always None) is for a figure its producer leaves out where it does not
+    apply; the printed object still carries the key.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def printed(output: BaseModel) -> str:
+    """``output`` as the command prints it (``schema`` is the model's own)."""
+    # json.dumps, not pydantic's writer: non-ASCII in a tensor name stays \\u-escaped.
+    return json.dumps(output.model_dump(mode="json", by_alias=True), indent=2)
+
+
+_DESCRIPTIONS: dict[str, dict[str, str]] = {
+    "StartupReport": {
+        "device": "The device the races run on (cpu, cuda:N).",
+        "rank": "This rank in the tensor-parallel job.",
+        "world_size": "Ranks in the tensor-parallel job.",
+        "mechanism": "How the eviction was installed: the fork's API, stock b12x's seam, or none.",
+        "source_tensor": "The tensor the races read (the first storage's), or null.",
+        "source_storage_bytes": "Distinct bytes of the storages read.",
+        "sources": "Every storage the eviction reads, largest first.",
+        "window_bytes": "Bytes read per eviction.",
+        "stock_buffer_bytes": "Bytes of one stock buffer, which each race job no longer makes.",
+        "race_jobs": "Race jobs held at once, each credited one stock buffer.",
+        "reason": "Why nothing was reclaimed (set when reclaimed_bytes is 0), else null.",
+    },
+    "StartupAudit": {
+        "mechanism": "How the eviction was installed (none: nothing was).",
+        "device": "The credited device, or null.",
+        "credited_bytes": "Bytes offered to the KV allocator at before_first_capture.",
+        "devices": "What the races asked of the seam, per device.",
+        "shortfall_bytes": "Bytes stock buffers allocated on the credited device while the "
+        "credit stood (0 when the weights served every eviction).",
+    },
+    "DeviceAudit": {"device": "The device the races asked on."},
+}
+"""What the fields of the plugin's own models (its report and audit) hold, where the model
+leaves it unsaid: the schema and the field tables say it for every key."""
+
+
+def json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON Schema of what ``model`` prints, every key required and described."""
+    schema = model.model_json_schema(by_alias=True, mode="serialization")
+    for name, node in [("", schema), *schema.get("$defs", {}).items()]:
+        for key, prop in node.get("properties", {}).items():
+            told = _DESCRIPTIONS.get(name, {}).get(key)
+            if told is not None and "description" not in prop:
+                prop["description"] = told
+    for node in _objects(schema):
+        node["required"] = list(node["properties"])  # model_dump writes every field
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def _objects(node: object) -> Iterator[dict[str, Any]]:
+    """Every object schema with properties under ``node``."""
+    if isinstance(node, dict):
+        if node.get("type") == "object" and "properties" in node:
+            yield node
+        for value in node.values():
+            yield from _objects(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _objects(value)

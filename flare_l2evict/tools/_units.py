@@ -1,6 +1,0 @@
-"""Byte units, defined once."""
-
-from __future__ import annotations
-
-MiB = 1 << 20
-GiB = 1 << 30

@@ -1,0 +1,265 @@
+"""``flare-l2evict startup``: the reference host's start-up without and with plugins, compared."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from ..._text import shown
+from .._json_output import Output, exit_field, printed, schema_field
+from .._startup_arm import StartupArm
+from ._shared import (
+    EXIT_FALLS_BACK,
+    EXIT_INSTALLS,
+    Command,
+    Exits,
+    Parser,
+    add_config_flag,
+    add_profile_flags,
+    device_text,
+    log_steps,
+    profile_of,
+    refuse_cuda_without_driver,
+    settled,
+    size_text,
+    step,
+    usable_device,
+    wrapped,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+KV_SIZINGS = ("reserved", "measured")
+"""The host contract's two KV-sizing styles (``runtime.kv_sizing``), the default first."""
+
+
+class StartupOutput(Output):
+    """``flare-l2evict startup --json``: the reference host's start-up without and with plugins."""
+
+    schema_version: Literal[3] = schema_field()
+    without: StartupArm = Field(description="The start-up without plugins.")
+    with_: StartupArm = Field(alias="with", description="The start-up with the named plugins.")
+    exit_code: Literal[0, 1] = exit_field()
+
+
+def _arguments(parser: Parser, _commands: Sequence[Command]) -> None:
+    parser.add_argument(
+        "checkpoint",
+        nargs="*",
+        type=Path,
+        metavar="CHECKPOINT",
+        help=".safetensors files and/or a model.safetensors.index.json, loaded as one "
+        "checkpoint (default: the embedded example)",
+    )
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="load this flare plugin (repeatable), e.g. --plugin l2evict",
+    )
+    add_config_flag(parser)
+    parser.add_argument(
+        "--device",
+        type=device_text,
+        default="cpu",
+        metavar="cpu|cuda:N",
+        help="cpu or cuda:N (default: cpu)",
+    )
+    add_profile_flags(parser, memory=True, kv=True)
+    parser.add_argument(
+        "--kv-sizing",
+        choices=KV_SIZINGS,
+        default="reserved",
+        metavar="|".join(KV_SIZINGS),
+        help="how the reference host sizes its KV cache: reserved (default; stock's buffers set "
+        "aside before the races, the credit added) or measured (from what the races held, "
+        "measured after them; nothing credited)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .._config_file import load_deployment_config
+    from .._headers import refuse_non_safetensors
+    from .._inputs import refuse_unknown_plugins, refuse_unreadable_checkpoint, settings_from_config
+
+    # Every input is checked before torch is imported: a typo is answered in under a second.
+    config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
+    ours = "l2evict" in args.plugin
+    # A bad section stops here, with its one-line message.
+    enabled = settings_from_config(config).enabled if ours else False
+    refuse_unknown_plugins(args.plugin)
+    refuse_non_safetensors(args.checkpoint)
+    refuse_unreadable_checkpoint(args.checkpoint)
+    profile = profile_of(args)
+    refuse_cuda_without_driver(args.device)
+    device = usable_device(args.device)
+    before, after = _start_ups(args, config, device)
+    if after.report is not None:
+        log_steps("startup's before_first_capture", after.report.seconds)
+    # Fell back: asked for, enabled, and never installed (its WARNING line says why). A
+    # measuring host is credited nothing by design: it installed if the races read weights.
+    code: Literal[0, 1] = EXIT_FALLS_BACK if enabled and not after.installed else EXIT_INSTALLS
+    settled()
+    if args.json:
+        output = StartupOutput.model_validate({"without": before, "with": after, "exit_code": code})
+        print(printed(output))
+        return code
+    what = shown(" ".join(map(str, args.checkpoint))) if args.checkpoint else "embedded example"
+    header = (
+        f"flare-l2evict startup: {what} on {device}\nprofile {profile.name} "
+        f"({size_text(before.memory_bytes)}, L2 {size_text(before.l2_cache_bytes)}, "
+        f"{profile.race_jobs} race jobs); {args.kv_bytes_per_token} bytes per KV token"
+    )
+    if args.kv_sizing == "measured":
+        held = "race peak" if device.type == "cuda" else "L2 eviction storage"
+        header += f"\nKV cache sized by measurement after the races: memory - loaded - {held}"
+    label = " ".join(f"--plugin {name}" for name in args.plugin) or "with no --plugin"
+    print(table(header, before, after, label, disabled=ours and not enabled))
+    return code
+
+
+def _start_ups(
+    args: argparse.Namespace, config: dict[str, Any], device: torch.device
+) -> tuple[StartupArm, StartupArm]:
+    """The reference host's start-up without plugins, then with the named ones."""
+    import torch
+
+    from ..._credit import stock_window_bytes
+    from ..reference_host import ReferenceHost, write_example_checkpoint
+
+    profile = profile_of(args)
+    l2 = (
+        torch.cuda.get_device_properties(device).L2_cache_size
+        if device.type == "cuda"
+        else profile.l2_cache_bytes
+    )
+    common: dict[str, Any] = {
+        "config": config,
+        "device": device,
+        "profile": profile,
+        "kv_bytes_per_token": args.kv_bytes_per_token,
+        "kv_sizing": args.kv_sizing,
+    }
+    jobs = f"{profile.race_jobs:,} race job{'s' * (profile.race_jobs != 1)}"
+    label = " ".join(f"--plugin {name}" for name in args.plugin) or "with no --plugin"
+    with tempfile.TemporaryDirectory(prefix="flare-l2evict-") as scratch:
+        if args.checkpoint:
+            checkpoint = args.checkpoint
+        else:
+            step("startup", "writing the embedded example checkpoint (sparse) to a temporary dir")
+            checkpoint = [write_example_checkpoint(scratch, stock_window_bytes(l2))]
+        step("startup", f"without plugins: loading the checkpoint on {device}, then {jobs}")
+        before = ReferenceHost(plugins=(), **common).start(checkpoint)
+        step("startup", f"{label}: loading the checkpoint on {device}, then the hooks and {jobs}")
+        after = ReferenceHost(plugins=args.plugin, **common).start(checkpoint)
+    return before, after
+
+
+def _eviction_cell(arm: StartupArm) -> str:
+    from ..._credit import stock_buffer_bytes
+
+    stock = stock_buffer_bytes(arm.l2_cache_bytes)
+    if arm.installed and arm.eviction_storage_bytes < stock:
+        return f"{arm.eviction_storage_bytes:,} B (reads weights)"
+    if arm.eviction_storage_bytes == 0 and not arm.out_of_memory:
+        return "0"
+    if arm.eviction_storage_bytes == arm.race_jobs * stock or arm.out_of_memory:
+        return f"{arm.race_jobs} x {size_text(stock)}"
+    return f"{arm.eviction_storage_bytes:,} B"
+
+
+def _budget_cell(arm: StartupArm) -> str:
+    return "out of memory" if arm.out_of_memory else size_text(arm.kv_budget_bytes)
+
+
+def _winners(arm: StartupArm) -> str:
+    return ",".join(map(str, arm.race_winners)) or "-"
+
+
+def table(header: str, before: StartupArm, after: StartupArm, label: str, *, disabled: bool) -> str:
+    """The seed's table: each figure without and with plugins, then the notes under it."""
+    measured = " (measured)" if after.eviction_measured else ""
+    # enabled = false is the operator's choice, not a fallback: the words check and plan use.
+    asked = after.reclaimed_bytes + after.credit_cut_bytes  # the report's own figure
+    reclaimed = "0 B (disabled by config)" if disabled else f"{asked:,} B"
+    rows = [
+        ("", "without plugins", label),
+        (f"L2 eviction storage{measured}", _eviction_cell(before), _eviction_cell(after)),
+        ("Loaded", size_text(before.loaded_bytes), size_text(after.loaded_bytes)),
+        ("KV cache budget", _budget_cell(before), _budget_cell(after)),
+        ("KV tokens", f"{before.kv_tokens:,}", f"{after.kv_tokens:,}"),
+        ("Reclaimed (report)", "-", reclaimed),
+    ]
+    if after.credit_cut_bytes:
+        rows.append(("Credit taken", "-", f"{after.reclaimed_bytes:,} B (free at the hook)"))
+    if after.kv_sizing == "measured":
+        # Credited nothing: the saving is in the budget, seen by measurement alone. The
+        # report's figure of what the races no longer allocate shows where it came from.
+        unallocated = after.report.unallocated_bytes if after.report is not None else 0
+        rows.append(("Unallocated (report)", "-", f"{unallocated:,} B"))
+    if after.eviction_measured:
+        rows += [
+            (
+                "Race peak (measured)",
+                size_text(before.race_peak_bytes or 0),
+                size_text(after.race_peak_bytes or 0),
+            ),
+            ("Race winners", _winners(before), _winners(after)),
+            (
+                "Free after races (measured)",
+                size_text(before.free_after_races_bytes or 0),
+                size_text(after.free_after_races_bytes or 0),
+            ),
+        ]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [*map(wrapped, header.splitlines()), ""]
+    lines += [f"{a:<{widths[0]}}   {b:>{widths[1]}}   {c:>{widths[2]}}" for a, b, c in rows]
+    # The plugin's report and audit are its own log lines (stderr): printing them here
+    # too would say each fact twice. The table says what only the host knows.
+    return "\n".join([*lines, *_notes(before, after, label)])
+
+
+def _notes(before: StartupArm, after: StartupArm, label: str) -> list[str]:
+    notes = [
+        f"note: {arm}: {result.out_of_memory}"
+        for arm, result in (("without plugins", before), (label, after))
+        if result.out_of_memory
+    ]
+    if after.credit_cut_bytes:
+        notes.append(
+            f"note: {label}: the credit asked {after.credit_cut_bytes:,} bytes more than the "
+            f"{after.free_at_hook_bytes:,} bytes free on the device at the hook; the reference "
+            "host took only what memory could back"
+        )
+    if after.cute_guard_stand_in:
+        notes.append(
+            "note: the CuTe DSL is not installed, so b12x's no-compilation guard ran with a "
+            "stand-in for b12x._lib.compiler (it refuses every CuTe compile); its Triton half "
+            "was b12x's own"
+        )
+    return [wrapped(note) for note in notes]
+
+
+COMMAND = Command(
+    name="startup",
+    help="run the reference host without and with plugins and compare the KV cache",
+    example="startup --plugin l2evict --config deploy.toml model.safetensors",
+    exits=Exits(
+        "the plugin installed and credited, or is disabled by config (or no --plugin "
+        "l2evict was named)",
+        "it fell back: stock b12x, 0 bytes (its WARNING line says why)",
+    ),
+    arguments=_arguments,
+    run=_run,
+    output=StartupOutput,
+    # Without a CHECKPOINT it writes the embedded example to a temporary directory first.
+    temporary=lambda args: not args.checkpoint,
+)

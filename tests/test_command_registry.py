@@ -1,0 +1,180 @@
+"""One registry of commands: the parser, ``--help``'s examples, the dispatch and the generated
+command reference all come from it (issue 42), and what every command shares: the exit code
+an interrupted or finished run gives, progress on stderr, a misspelled flag's nearest one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from support.scripts import script
+
+from flare_l2evict.tools.cli import COMMANDS, Command, example, main, plan
+from flare_l2evict.tools.cli._shared import Exits, Parser, parser, settled
+
+
+def _stand_in_arguments(parser: Parser, _commands: Sequence[Command]) -> None:
+    parser.add_argument("--times", type=int, default=1)
+
+
+ran: list[int] = []
+
+
+def _stand_in_run(args: argparse.Namespace) -> int:
+    ran.append(args.times)
+    return 0
+
+
+STAND_IN = Command(
+    name="greet",
+    help="a stand-in command, registered by a test",
+    example="greet --times 2",
+    exits=Exits("greeted"),
+    arguments=_stand_in_arguments,
+    run=_stand_in_run,
+)
+"""A command that exists only here: adding one is its declaration plus one registry entry."""
+
+
+def test_a_command_added_to_the_registry_is_in_help_examples_dispatch_and_the_reference(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    commands = (*COMMANDS, STAND_IN)
+    with pytest.raises(SystemExit):
+        main(["--help"], commands)
+    assert "greet" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["greet", "--help"], commands)
+    text = capsys.readouterr().out
+    assert "example:\n  flare-l2evict greet --times 2" in text and "  0    greeted" in text
+    assert main(["greet", "--times", "3"], commands) == 0 and ran[-1] == 3
+    reference = script("command_reference").reference(commands)
+    assert "### `flare-l2evict greet`" in reference and "`--times TIMES`" in reference
+    with pytest.raises(SystemExit) as exited:
+        main(["greet"])  # not registered: unknown to the real CLI
+    assert exited.value.code == 2
+
+
+def test_the_docs_command_reference_is_the_registry() -> None:
+    generator = script("command_reference")
+    page = generator.PAGE.read_text(encoding="utf-8")
+    assert page == generator.with_reference(page), (
+        f"docs/command-line.md's command reference differs from the commands; regenerate it: "
+        f"{generator.REGENERATE}"
+    )
+
+
+def test_every_command_of_the_registry_is_one_subcommand_in_its_order() -> None:
+    top = parser(COMMANDS, "0")
+    assert list(top.commands) == [c.name for c in COMMANDS]
+    assert [c.name for c in COMMANDS] == ["startup", "plan", "check", "example", "schema"]
+
+
+def _interrupted(_args: argparse.Namespace) -> int:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["plan", "x.safetensors"], "error: flare-l2evict plan: interrupted; fix: run the command"),
+        (["check"], "error: flare-l2evict check: interrupted; fix: run the command"),
+        # Without a CHECKPOINT, startup writes the embedded example to a temporary directory.
+        (["startup"], "error: flare-l2evict startup: interrupted; temporary files removed; fix:"),
+        (["startup", "m.safetensors"], "error: flare-l2evict startup: interrupted; fix: run"),
+    ],
+)
+def test_only_a_command_that_wrote_temporary_files_says_it_removed_them(
+    capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    commands = [dataclasses.replace(c, run=_interrupted) for c in COMMANDS]
+    assert main(argv, commands) == 130
+    assert capsys.readouterr().err.startswith(said)
+
+
+def _interrupt_after_printing(*printed: Any, **how: Any) -> None:
+    print(*printed, **how)
+    os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, once the output is out
+
+
+def test_once_the_output_is_complete_the_exit_code_is_the_one_it_states(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    # Issue 41: a SIGINT after a complete JSON object exited 130 though the object said 0,
+    # and after "wrote 10 files" example said "nothing written".
+    monkeypatch.setattr(plan, "print", _interrupt_after_printing, raising=False)
+    monkeypatch.setattr(example, "print", _interrupt_after_printing, raising=False)
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(1 << 18)}, str(tmp_path / "m.safetensors"))
+    code = main(["plan", str(tmp_path / "m.safetensors"), "--json"])
+    out = capsys.readouterr().out
+    assert code == 1 and '"exit_code": 1' in out
+    assert main(["example", "--out", str(tmp_path / "example")]) == 0
+    said = capsys.readouterr()
+    assert "wrote 10 files" in said.out and "nothing written" not in said.err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+
+
+def test_settled_outside_a_command_leaves_the_programs_handlers() -> None:
+    settled()  # a program calling a command's function directly: its handlers are its own
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_startup_says_each_long_step_on_stderr_and_q_silences_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    demo = ["startup", "--plugin", "l2evict", "--profile", "h100"]
+    assert main(demo) == 0
+    steps = [line for line in capsys.readouterr().err.splitlines() if "flare-l2evict " in line]
+    assert steps == [
+        "INFO flare-l2evict startup: writing the embedded example checkpoint (sparse) to a "
+        "temporary dir",
+        "INFO flare-l2evict startup: without plugins: loading the checkpoint on cpu, then 5 race "
+        "jobs",
+        "INFO flare-l2evict startup: --plugin l2evict: loading the checkpoint on cpu, then the "
+        "hooks and 5 race jobs",
+    ]
+    assert main([*demo, "-q"]) == 0
+    assert "INFO" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "nearest"),
+    [
+        (["plan", "x", "--race-job", "3"], "did you mean --race-jobs?"),
+        (["check", "--jsn"], "did you mean --json?"),
+        (["plan", "x", "--profile", "h10"], "did you mean h100?"),
+        (["startup", "--kv-sizing", "measure"], "did you mean measured?"),
+        (["chek"], "did you mean check?"),
+        (["plan", "x", "--bogus"], None),
+    ],
+)
+def test_a_misspelled_flag_or_choice_gets_the_nearest(
+    capsys: pytest.CaptureFixture[str], argv: list[str], nearest: str | None
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert exited.value.code == 2 and line.startswith("error: flare-l2evict")
+    if nearest is None:
+        assert "did you mean" not in line
+    else:
+        assert f"; fix: {nearest} (see flare-l2evict" in line, line
+
+
+def test_a_command_without_decisions_does_not_promise_decision_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name in ("example", "schema"):
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "how the plugin decided" not in text and f"{name} has none" in text, name
