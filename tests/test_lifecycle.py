@@ -565,7 +565,7 @@ def test_a_restore_reentered_inside_restore_keeps_the_returned_audit_true() -> N
     # ValueError reached startup_complete, which returned "nothing was installed".
     host = runtime()
     assert hook(host).reclaimed_bytes == CREDIT
-    tracer = _call_at(Startup.restore.__wrapped__, "self._undo.remove(step)")  # type: ignore[attr-defined]
+    tracer = _call_at(Startup._undo_step, "key in taken and not taken.remove(key)")
     audit = _under(tracer, lambda: complete(host))
     assert tracer.fired  # type: ignore[attr-defined]
     assert audit.credited_bytes == CREDIT and audit.mechanism == "stock-seam", audit
@@ -583,7 +583,7 @@ def test_a_start_up_begun_inside_the_last_ones_close_keeps_its_slot() -> None:
         complete(first)
         began.append(hook(second))
 
-    tracer = _call_at(Startup._close.__wrapped__, "Startup._active is self", signal_handler)  # type: ignore[attr-defined]
+    tracer = _call_at(Startup._vacate, "over and Startup._active is self", signal_handler)
     _under(tracer, lambda: complete(first))
     assert tracer.fired and began[0].reclaimed_bytes == CREDIT  # type: ignore[attr-defined]
     active = Startup.active()
@@ -604,8 +604,8 @@ def test_a_stale_restore_on_another_thread_never_undoes_the_next_start_ups_insta
     monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
     first, second = runtime(), runtime()
     assert hook(first).mechanism == "fork"
-    code = Startup.restore.__wrapped__.__code__  # type: ignore[attr-defined]
-    target = _line_of(Startup.restore.__wrapped__, "for step in reversed(steps):")  # type: ignore[attr-defined]
+    code = Startup._restore.__wrapped__.__code__  # type: ignore[attr-defined]
+    target = _line_of(Startup._restore.__wrapped__, "for step in steps:")  # type: ignore[attr-defined]
     paused, resume = threading.Event(), threading.Event()
 
     def local(frame: Any, event: str, arg: Any) -> Any:
