@@ -246,6 +246,7 @@ def _credit_of(basis: CreditBasis, eviction: WeightEviction) -> Credit:
         stock_buffer_bytes=basis.stock.nbytes,
         window_bytes=basis.window_bytes // WORD * WORD,
         read_bytes=eviction.read_bytes,
+        free_bytes=basis.free_bytes,
     )
 
 
@@ -280,6 +281,8 @@ def _report_of(
         "window_bytes": basis.window_bytes,
         "stock_buffer_bytes": basis.stock.nbytes,
         "race_jobs": basis.race_jobs,
+        "device_free_bytes": basis.free_bytes,
+        "uncut_credit_bytes": mine.credit.uncut_bytes,
     }  # fmt: skip
     source: dict[str, Any] = {}
     if kept and eviction is not None and basis is not None:
@@ -319,7 +322,8 @@ def _offer(startup: Startup, request: Request, report: ReclaimReport) -> Reclaim
     finally:
         startup.offered(raised)
     if raised is None:
-        say(log, logging.INFO, "flare_l2evict: %s", report.summary())
+        cut = report.uncut_credit_bytes is not None  # the line says so: a WARNING
+        say(log, logging.WARNING if cut else logging.INFO, "flare_l2evict: %s", report.summary())
         return report
     report = report.model_copy(update={"allocator_error": startup.allocator_error})
     return faulted(report, raising=request.raising, cause=raised)

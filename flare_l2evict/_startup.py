@@ -592,6 +592,7 @@ class Startup:
         counted = seam.counted
         unused = max(0, jobs - seam.peak) * seam.basis.stock.nbytes if counted else 0
         devices = tuple(DeviceAudit(device=d, **asdict(c)) for d, c in sorted(seam.counts.items()))
+        offered = self._handed[-1] if stands and self._handed else None  # what the offer said
         return StartupAudit(
             mechanism=seam.mechanism,
             device=key,
@@ -604,6 +605,8 @@ class Startup:
             devices=devices,
             shortfall_bytes=min(made, credited),
             fallback_reason=fell_back,
+            device_free_bytes=None if offered is None else offered.device_free_bytes,
+            uncut_credit_bytes=None if offered is None else offered.uncut_credit_bytes,
         )
 
     def _log_audit(self, audit: StartupAudit) -> None:
