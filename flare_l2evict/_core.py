@@ -4,7 +4,7 @@
 caller's bad input makes, which still takes its turn in the tensor-parallel
 agreement), begins the process's :class:`~._startup.Startup`, and walks the
 passive parts downward: basis, choice, eviction, seam, credit, agreement,
-report, offer. Its one ``finally`` hands the start-up back (:meth:`Startup.leave`),
+report, offer. Its one ``finally`` hands the start-up back first (:meth:`Startup.leave`),
 which keeps the install if and only if the offer began. :func:`faulted` is the
 one place that decides what a fault becomes. :meth:`Startup.end` is ``startup_complete``.
 Nothing here holds the process lock: :class:`~._startup.Startup` takes it per transition.
@@ -67,9 +67,11 @@ def start(request: Request | Refused) -> ReclaimReport:
         report = faulted(_zero(request.placement, reason), raising=request.raising, cause=error)
         escaped = False
     finally:
+        # First: an interrupt at any later line of this block must not leave the start-up
+        # unsettled (installed, its slot taken, every retry refused as re-entrant).
+        Startup.leave(token, report, escaped)
         if isinstance(request, Request):  # not taken (a fault came first): not held past here,
             request.take_tensors()  # whatever frame an exception's traceback keeps alive
-        Startup.leave(token, report, escaped)
     return report
 
 

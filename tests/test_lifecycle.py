@@ -1036,3 +1036,36 @@ def test_an_exception_at_the_entry_of_a_blocks_exit_still_ends_its_start_up() ->
     assert installed() is None and Startup.active() is None
     with flare_l2evict.evicting_from({"w": weights}, race_jobs=JOBS, l2_cache_bytes=L2) as again:
         assert again.reclaimed_bytes > 0
+
+
+class CopyingRuntimeStandIn(ReferenceRuntime):
+    """A host whose resident_tensors() returns copies: installed, then credited 0 (nothing but
+    the plugin holds them), so the hook's exit must restore."""
+
+    def resident_tensors(self) -> Any:
+        return {name: tensor.clone() for name, tensor in self.tensors.items()}
+
+
+@pytest.mark.parametrize("text", ["if isinstance(request, Request):", "request.take_tensors()"])
+def test_an_interrupt_in_the_hooks_exit_still_settles_its_start_up(text: str) -> None:
+    # Issue 41: the hook's `finally` dropped the host's mapping before handing the start-up
+    # back (Startup.leave). An interrupt there left an installed start-up that credited 0
+    # installed, unsettled: every retry credited 0, "re-entrant call", and startup_complete
+    # was the only way out. Handed back first, it is restored as the hook leaves.
+    host = runtime(kind=CopyingRuntimeStandIn)
+
+    def interrupt() -> None:
+        raise AsynchronousInterrupt(f"at {text}")
+
+    tracer = _call_at(_core.start, text, interrupt)
+    with pytest.raises(AsynchronousInterrupt):
+        _under(tracer, lambda: hook(host))
+    assert tracer.fired  # type: ignore[attr-defined]
+    assert not seam_is_ours() and installed() is None  # settled as the hook left: restored
+    again = hook(host)  # held until startup_complete, as after any hook: said truly
+    assert again.reclaimed_bytes == 0 and "repeated call" in (again.reason or ""), again.reason
+    complete(host)
+    assert Startup.active() is None
+    retry = runtime()
+    assert hook(retry).reclaimed_bytes == CREDIT
+    complete(retry)
