@@ -316,19 +316,36 @@ def _offer(startup: Startup, request: Request, report: ReclaimReport) -> Reclaim
     if not startup.offer(report):  # the start-up ended, or restore() ran, since the agreement
         return _ended_meanwhile(request, report)
     raised: BaseException | None = None
+    ended = False
     try:
         if request.add is not None:
             _check_returned(request.add(report))
     except BaseException as error:
         raised = error
     finally:
-        startup.offered(raised)
+        ended = startup.offered(raised)
+    if raised is None and ended:
+        say(log, logging.WARNING, "flare_l2evict: %s", _ended_during_the_offer(request, report))
+        return report
     if raised is None:
         cut = report.uncut_credit_bytes is not None  # the line says so: a WARNING
         say(log, logging.WARNING if cut else logging.INFO, "flare_l2evict: %s", report.summary())
         return report
     report = report.model_copy(update={"allocator_error": startup.allocator_error})
     return faulted(report, raising=request.raising, cause=raised)
+
+
+def _ended_during_the_offer(request: Request, report: ReclaimReport) -> str:
+    """The line for an offer inside which the start-up ended: no "reclaimed" for a start-up
+    that is gone (its audit, logged by that end, came first)."""
+    words = request.wording
+    return (
+        f"the start-up ended during the offer: {words.ends} ran inside "
+        f"kv_allocator.add_reclaimed, before it returned, so stock b12x is back and the "
+        f"audit above is this start-up's last; the allocator was offered "
+        f"{report.reclaimed_bytes:,} bytes on {report.device} (rank {report.rank}); fix: call "
+        f"{words.ends} after the last race, never from add_reclaimed"
+    )
 
 
 def _ended_meanwhile(request: Request, report: ReclaimReport) -> ReclaimReport:

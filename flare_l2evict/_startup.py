@@ -381,8 +381,12 @@ class Startup:
             return self._step(Event.OFFER) is Phase.OFFERING
 
     @_resumed
-    def offered(self, error: BaseException | None) -> None:
-        """OFFERING -> CREDITED (ENDING -> ENDED): the allocator returned, or raised ``error``."""
+    def offered(self, error: BaseException | None) -> bool:
+        """OFFERING -> CREDITED (ENDING -> ENDED): the allocator returned, or raised ``error``.
+
+        Returns whether the start-up ended during the offer (``startup_complete`` inside the
+        allocator's call): it is closed here, and its audit was logged already.
+        """
         why = None if error is None else described(error, 500)  # the host's __str__: unlocked
         with self._lock:
             if why is not None and self.allocator_error is None:
@@ -390,6 +394,7 @@ class Startup:
             now = self._step(Event.OFFERED)
         if now is Phase.ENDED:
             self._close()
+        return now is Phase.ENDED
 
     @_resumed
     def settle(self, report: ReclaimReport | None, escaped: bool) -> None:

@@ -533,3 +533,33 @@ def test_a_child_forked_while_another_thread_is_mid_hook_starts_up_afresh() -> N
     got = _child_says(pid, read, write)
     assert got == f"{CREDIT} False"  # the parent's half-run hook did not hold the child's slot
     complete(host)
+
+
+class EndsDuringTheOfferStandIn(ReferenceKVAllocator):
+    """Applies the credit, then ends the start-up (startup_complete) before returning."""
+
+    host: Any = None
+
+    def add_reclaimed(self, report: ReclaimReport) -> None:
+        super().add_reclaimed(report)
+        complete(self.host)
+
+
+def test_a_start_up_ended_during_the_offer_is_not_logged_as_reclaimed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 41: the audit warned, then the hook logged INFO "reclaimed ... bytes" for a
+    # start-up already gone.
+    allocator = EndsDuringTheOfferStandIn(1024)
+    host = runtime(allocator=allocator)
+    allocator.host = host
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        report = hook(host)
+    assert report.reclaimed_bytes == CREDIT == allocator.reclaimed_bytes  # what it was offered
+    assert not seam_is_ours() and Startup.active() is None  # ended, as startup_complete asked
+    lines = [r for r in caplog.records if r.name == "flare_l2evict"]
+    assert [r.levelno for r in lines] == [logging.WARNING, logging.WARNING], caplog.text
+    audit, ended = (r.getMessage() for r in lines)
+    assert "audit: credited" in audit
+    assert "ended during the offer" in ended and "startup_complete ran inside" in ended, ended
+    assert "fix: " in ended and "\n" not in ended
