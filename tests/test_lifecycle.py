@@ -983,7 +983,7 @@ class ProviderInterrupt(KeyboardInterrupt):
 
 
 def test_an_exception_at_the_provider_version_lookup_leaves_no_weights_held() -> None:
-    # Issue 38: raised in a block's entry at `_version`'s `return None` (while the lookup's
+    # Issue 38: raised in a block's entry at `installed_version`'s `return None` (while the lookup's
     # PackageNotFoundError is being handled), the block's weights stayed alive after the
     # block ended and after gc.collect().
     from flare_l2evict._b12x import provider
@@ -996,7 +996,7 @@ def test_an_exception_at_the_provider_version_lookup_leaves_no_weights_held() ->
     def interrupt() -> None:
         raise ProviderInterrupt("at the version lookup")
 
-    tracer = _call_at(provider._version, "return None", interrupt)
+    tracer = _call_at(provider.installed_version, "return None", interrupt)
     sys.settrace(tracer)
     try:
         with pytest.raises(ProviderInterrupt), block:

@@ -22,11 +22,13 @@ NEEDED = f"flashinfer-python>={MIN_FLASHINFER} or b12x>={MIN_B12X}"
 
 def versions() -> tuple[str | None, str | None]:
     """The installed ``b12x`` and ``flashinfer-python`` distributions' versions."""
-    return _version("b12x"), _version("flashinfer-python")
+    return installed_version("b12x"), installed_version("flashinfer-python")
 
 
-def _version(name: str) -> str | None:
-    """The installed distribution's version, or ``None``: found without raising.
+def installed_version(name: str) -> str | None:
+    """The installed distribution's version: ``None`` when it is not installed, or when its
+    metadata names no version (never the text ``"None"``). The one lookup of an installed
+    version; found without raising.
 
     b12x has no distribution of its own where flashinfer-python ships it, so a raise and
     catch here would run on every start-up; no exception is handled on the start-up's
@@ -34,14 +36,16 @@ def _version(name: str) -> str | None:
     handled one on the thread, and with it every frame above, the host's weights too).
     """
     for found in importlib.metadata.distributions(name=name):
-        return str(found.version)
+        # get_all, not [] or .version: a missing field is None, with no warning (3.12 warns).
+        version = (found.metadata.get_all("Version") or [None])[0]
+        return str.__str__(version) if isinstance(version, str) and version.strip() else None
     return None
 
 
 def running_torch_version() -> str | None:
     """The version of the torch that runs (``torch.__version__``), not of stale metadata."""
     loaded = getattr(sys.modules.get("torch"), "__version__", None)
-    return str.__str__(loaded) if isinstance(loaded, str) else _version("torch")
+    return str.__str__(loaded) if isinstance(loaded, str) else installed_version("torch")
 
 
 def _release(version: str) -> tuple[int, ...]:
