@@ -36,9 +36,10 @@ Invariants the KV allocator relies on:
   owner (the runtime, or the block) or with a report it handed out, never, while
   its credit stands, by another runtime or by ``None``;
 * nothing stays installed that is not credited: the caller's exit (:meth:`settle`)
-  restores unless the offer began; a credit stays backed until its start-up ends
-  (from OFFERING on only :meth:`end`, or an operator's :func:`restore`, audited as
-  SHORTFALL, undoes the install);
+  restores unless the offer began (or a measuring host's keep: KEPT, and ORPHANED when an
+  exception cut its hook short, which :meth:`restore` ends); a credit stays backed until
+  its start-up ends (from OFFERING on only :meth:`end`, or an operator's :func:`restore`,
+  audited as SHORTFALL, undoes the install);
 * :meth:`restore` is the one place that puts stock b12x back. It reads the phase, so
   calling it again is harmless, and it resumes by itself what an exception cut short.
   Each undo step is claimed under the lock and run outside it; the slot is not freed
@@ -85,6 +86,7 @@ class Phase(enum.Enum):
     OFFERING = "offering"  # the credit is recorded; add_reclaimed runs (it may apply it)
     CREDITED = "credited"  # the offer is over: kept until the start-up ends
     KEPT = "kept"  # installed for a host that sizes its KV cache by measurement: no credit
+    ORPHANED = "orphaned"  # KEPT, but an exception cut the hook short: the host has no report
     ENDING = "ending"  # startup_complete came mid-change or mid-offer: ended as the step leaves
     CUT_SHORT = "cut short"  # restore() while the credit stood: later races make stock buffers
     FELL_BACK = "fell back"  # stock b12x is back; nothing credited
@@ -104,6 +106,7 @@ class Event(enum.Enum):
     RESTORE = "restore"  # stock b12x back (restore(), or a fallback)
     END = "end"  # startup_complete that ends this start-up (or the caller's own end)
     SETTLE = "settle"  # the caller's exit: its install and its offer are over
+    ESCAPE = "escape"  # ... and an exception leaves the caller: the host gets no report
     FORKED = "forked"  # a child process, without the thread that ran the start-up
 
 
@@ -147,6 +150,12 @@ _MOVES = """
     CREDITED      --end-->        ENDED
     KEPT          --restore-->    CUT_SHORT
     KEPT          --end-->        ENDED
+    BEGUN         --escape-->     ENDED
+    INSTALLED     --escape-->     ENDED
+    FELL_BACK     --escape-->     ENDED
+    KEPT          --escape-->     ORPHANED
+    ORPHANED      --restore-->    ENDED
+    ORPHANED      --end-->        ENDED
     ENDING        --installed-->  ENDED
     ENDING        --offered-->    ENDED
     ENDING        --settle-->     ENDED
@@ -169,14 +178,17 @@ NEXT = _table(
         Event.RESTORE: _ALL,
         Event.END: _ALL,
         Event.SETTLE: _ALL,
+        Event.ESCAPE: _ALL,
         Event.FORKED: _ALL,
     },
 )
 """(phase, event) -> the next phase: every move a start-up can make, and nothing else."""
 
-_STANDS = frozenset({Phase.OFFERING, Phase.CREDITED, Phase.KEPT, Phase.ENDING, Phase.CUT_SHORT})
-"""Phases in which the host relies on the install: its allocator may hold the credit, or (KEPT)
-its measured KV cache counts on the races reading weights."""
+_MEASURED = frozenset({Phase.KEPT, Phase.ORPHANED})
+"""Installed for a host that sizes its KV cache by measurement: nothing credited."""
+_STANDS = frozenset({Phase.OFFERING, Phase.CREDITED, Phase.ENDING, Phase.CUT_SHORT, *_MEASURED})
+"""Phases in which the host relies on the install: its allocator may hold the credit, or
+(:data:`_MEASURED`) its measured KV cache counts on the races reading weights."""
 _MID_STEP = frozenset({Phase.INSTALLING, Phase.FALLING_BACK, Phase.ENDING})
 """The start-up's own thread is inside a step: what a restore asks for waits for it to leave."""
 
@@ -284,6 +296,11 @@ class Startup:
             return (
                 "a call while the last start-up is ending (startup_complete came during its "
                 "install or its offer)"
+            )
+        if self.phase is Phase.ORPHANED:
+            return (
+                "a call while a start-up whose hook an exception cut short stays installed "
+                "for a measuring host (flare_l2evict.restore() or its startup_complete ends it)"
             )
         if self._owner() is not owner and self.report is not None:
             return "a second model's call (another runtime's start-up is active)"
@@ -400,16 +417,18 @@ class Startup:
     def settle(self, report: ReclaimReport | None, escaped: bool) -> None:
         """The caller's exit: keep the install if and only if the offer began, else restore.
 
-        ``escaped``: an exception leaves the caller; a start-up that offered nothing then
-        ends too, so a retry begins anew. The caller has left its install and its offer,
+        ``escaped``: an exception leaves the caller; a start-up that installed nothing for
+        the host then ends too, so a retry begins anew; one kept for a measuring host is
+        ORPHANED (kept, but :meth:`restore` ends it: the host never got its report); a credit
+        the allocator may hold stands. The caller has left its install and its offer,
         whatever cut them short. Reads the phase, so a second call changes nothing.
         """
         with self._lock:
             if report is not None and self.report is None:
                 self.report = report
             now = self._step(Event.SETTLE)
-            if escaped and now not in _STANDS:
-                now = self._step(Event.END)
+            if escaped:
+                now = self._step(Event.ESCAPE)
         if now is Phase.ENDED:
             self._close()
         elif now in (Phase.BEGUN, Phase.INSTALLED, Phase.FELL_BACK):
@@ -566,7 +585,7 @@ class Startup:
 
     def _refusal(self, ender: object) -> str:
         whose = "None" if ender is None else "a runtime that began no start-up in progress here"
-        if self.phase is Phase.KEPT:
+        if self.phase in _MEASURED:
             active = "a start-up whose races read the weights (kv_sizing = 'measured') is active"
         elif self.phase in _STANDS:
             credit = self.audit().credited_bytes

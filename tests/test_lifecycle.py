@@ -1069,3 +1069,43 @@ def test_an_interrupt_in_the_hooks_exit_still_settles_its_start_up(text: str) ->
     retry = runtime()
     assert hook(retry).reclaimed_bytes == CREDIT
     complete(retry)
+
+
+def _interrupted_at(function: Callable[..., Any], text: str, host: ReferenceRuntime) -> None:
+    """The host's hook, cut short by an interrupt at ``function``'s line ``text``."""
+
+    def interrupt() -> None:
+        raise AsynchronousInterrupt(f"at {text}")
+
+    tracer = _call_at(function, text, interrupt)
+    with pytest.raises(AsynchronousInterrupt):
+        _under(tracer, lambda: hook(host))
+    assert tracer.fired  # type: ignore[attr-defined]
+
+
+def test_restore_frees_a_measured_start_up_whose_hook_an_interrupt_cut_short() -> None:
+    # Issue 41: interrupted after keep(), a measuring host's start-up stayed KEPT (the host
+    # never got its report), and restore() left it holding the slot (CUT_SHORT): every
+    # later start-up credited 0 until a startup_complete the host had no reason to call.
+    host = runtime(kv_sizing="measured")
+    _interrupted_at(_core._kept_for_measurement, "say(log, logging.INFO", host)
+    assert seam_is_ours()  # kept: the host may still measure with the races reading weights
+    flare_l2evict.restore()
+    assert not seam_is_ours() and Startup.active() is None
+    fresh = runtime()
+    assert hook(fresh).reclaimed_bytes == CREDIT
+    complete(fresh)
+
+
+def test_restore_keeps_the_slot_of_a_credit_that_stands_though_its_hook_was_cut_short() -> None:
+    # The credited case is not weakened: the allocator applied the credit, so restore() puts
+    # stock back (SHORTFALL in the audit) but the start-up stays until startup_complete.
+    host = runtime()
+    _interrupted_at(_core._offer, "say(log, logging.WARNING if cut", host)
+    assert host.kv_allocator.reclaimed_bytes == CREDIT and seam_is_ours()
+    flare_l2evict.restore()
+    assert not seam_is_ours() and Startup.active() is not None
+    assert hook(runtime()).reclaimed_bytes == 0  # held until its own startup_complete
+    audit = complete(host)
+    assert audit.credited_bytes == CREDIT and audit.shortfall_bytes == CREDIT
+    assert Startup.active() is None
