@@ -23,6 +23,8 @@ class Wording:
     races: str
     busy: str
     """A call refused while another start-up is active (``{how}``, ``{active}``)."""
+    kind: str = "a flare host's hook"
+    """What holds a start-up of these words, in a line that names it to another caller."""
 
 
 HOST = Wording(
@@ -52,6 +54,7 @@ PROGRAM = Wording(
     "evicting_from: a start-up is active in this process ({active}: a flare host's, or another "
     "evicting_from block); this block credits 0 and changes nothing; fix: run the block outside "
     "any other start-up",
+    "an evicting_from block",
 )
 
 

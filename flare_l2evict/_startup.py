@@ -284,9 +284,10 @@ class Startup:
             active = cls._active
         if active is None:  # a signal handler began and ended one between the two lines
             return Busy("a call that raced another start-up", "none, since ended")
-        return Busy(active._how(owner), repr(active))  # outside the lock: a description
+        return Busy(active._how(owner, wording), repr(active))  # outside the lock
 
-    def _how(self, owner: object) -> str:
+    def _how(self, owner: object, wording: Wording) -> str:
+        """How a call of ``owner`` (in ``wording``) relates to this, the active start-up."""
         if self.phase is Phase.ENDED:
             return (
                 "a call while the last start-up is closing (an undo step of its restore is "
@@ -302,6 +303,8 @@ class Startup:
                 "a call while a start-up whose hook an exception cut short stays installed "
                 "for a measuring host (flare_l2evict.restore() or its startup_complete ends it)"
             )
+        if self.wording.kind != wording.kind:  # a block's or a tools install's, not a model's
+            return f"{wording.kind} ({self.wording.kind} is active)"
         if self._owner() is not owner and self.report is not None:
             return "a second model's call (another runtime's start-up is active)"
         if self.thread == threading.get_ident() and self.report is None:

@@ -563,3 +563,26 @@ def test_a_start_up_ended_during_the_offer_is_not_logged_as_reclaimed(
     assert "audit: credited" in audit
     assert "ended during the offer" in ended and "startup_complete ran inside" in ended, ended
     assert "fix: " in ended and "\n" not in ended
+
+
+@pytest.mark.parametrize("active", ["an evicting_from block", "a tools install"])
+def test_a_flare_hook_during_a_block_or_a_tools_install_is_named_truly(active: str) -> None:
+    # Issue 41: a host's hook during an open block was refused as "a second model's call",
+    # and during a tools install as a "re-entrant call (from inside this start-up's own hook)".
+    from flare_l2evict._b12x.proof import measure_basis
+    from flare_l2evict.tools._choose_weights import choose_weights, install
+
+    tensors = weights()
+    opened: Any
+    if active == "an evicting_from block":
+        opened = flare_l2evict.evicting_from(tensors, race_jobs=JOBS, l2_cache_bytes=L2)
+    else:
+        basis = measure_basis(torch.device("cpu"), L2, flare_l2evict.L2EvictSettings(), 0)
+        opened = install(choose_weights(tensors, "cpu", MiB), basis)
+    host = runtime()
+    with opened:
+        report = hook(host)
+    reason = report.reason or ""
+    assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
+    assert reason.startswith(f"a flare host's hook ({active} is active)"), reason
+    assert "second model" not in reason and "re-entrant" not in reason, reason

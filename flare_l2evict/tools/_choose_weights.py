@@ -8,6 +8,7 @@ than raising. This composes the same three, so what it chooses is what start-up 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import weakref
@@ -71,6 +72,8 @@ class Installed:
         self, choice: WeightChoice, basis: CreditBasis, kernel: Kernel, wording: Wording
     ) -> None:
         self._entered = threading.Lock()  # taken by the first entry, never given back
+        # A host's hook refused meanwhile names what holds the slot: this, not a model.
+        wording = dataclasses.replace(wording, kind="a tools install")
         token = object()  # how leave() finds this start-up, whatever cut the code below short
         try:
             began = Startup.begin(self, token, wording)
