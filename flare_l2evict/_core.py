@@ -4,7 +4,7 @@
 caller's bad input makes, which still takes its turn in the tensor-parallel
 agreement), begins the process's :class:`~._startup.Startup`, and walks the
 passive parts downward: basis, choice, eviction, seam, credit, agreement,
-report, offer. Its one ``finally`` hands the start-up back (:meth:`Startup.leave`),
+report, offer. Its one ``finally`` hands the start-up back first (:meth:`Startup.leave`),
 which keeps the install if and only if the offer began. :func:`faulted` is the
 one place that decides what a fault becomes. :meth:`Startup.end` is ``startup_complete``.
 Nothing here holds the process lock: :class:`~._startup.Startup` takes it per transition.
@@ -67,9 +67,11 @@ def start(request: Request | Refused) -> ReclaimReport:
         report = faulted(_zero(request.placement, reason), raising=request.raising, cause=error)
         escaped = False
     finally:
+        # First: an interrupt at any later line of this block must not leave the start-up
+        # unsettled (installed, its slot taken, every retry refused as re-entrant).
+        Startup.leave(token, report, escaped)
         if isinstance(request, Request):  # not taken (a fault came first): not held past here,
             request.take_tensors()  # whatever frame an exception's traceback keeps alive
-        Startup.leave(token, report, escaped)
     return report
 
 
@@ -246,6 +248,7 @@ def _credit_of(basis: CreditBasis, eviction: WeightEviction) -> Credit:
         stock_buffer_bytes=basis.stock.nbytes,
         window_bytes=basis.window_bytes // WORD * WORD,
         read_bytes=eviction.read_bytes,
+        free_bytes=basis.free_bytes,
     )
 
 
@@ -280,6 +283,8 @@ def _report_of(
         "window_bytes": basis.window_bytes,
         "stock_buffer_bytes": basis.stock.nbytes,
         "race_jobs": basis.race_jobs,
+        "device_free_bytes": basis.free_bytes,
+        "uncut_credit_bytes": mine.credit.uncut_bytes,
     }  # fmt: skip
     source: dict[str, Any] = {}
     if kept and eviction is not None and basis is not None:
@@ -311,18 +316,36 @@ def _offer(startup: Startup, request: Request, report: ReclaimReport) -> Reclaim
     if not startup.offer(report):  # the start-up ended, or restore() ran, since the agreement
         return _ended_meanwhile(request, report)
     raised: BaseException | None = None
+    ended = False
     try:
         if request.add is not None:
             _check_returned(request.add(report))
     except BaseException as error:
         raised = error
     finally:
-        startup.offered(raised)
+        ended = startup.offered(raised)
+    if raised is None and ended:
+        say(log, logging.WARNING, "flare_l2evict: %s", _ended_during_the_offer(request, report))
+        return report
     if raised is None:
-        say(log, logging.INFO, "flare_l2evict: %s", report.summary())
+        cut = report.uncut_credit_bytes is not None  # the line says so: a WARNING
+        say(log, logging.WARNING if cut else logging.INFO, "flare_l2evict: %s", report.summary())
         return report
     report = report.model_copy(update={"allocator_error": startup.allocator_error})
     return faulted(report, raising=request.raising, cause=raised)
+
+
+def _ended_during_the_offer(request: Request, report: ReclaimReport) -> str:
+    """The line for an offer inside which the start-up ended: no "reclaimed" for a start-up
+    that is gone (its audit, logged by that end, came first)."""
+    words = request.wording
+    return (
+        f"the start-up ended during the offer: {words.ends} ran inside "
+        f"kv_allocator.add_reclaimed, before it returned, so stock b12x is back and the "
+        f"audit above is this start-up's last; the allocator was offered "
+        f"{report.reclaimed_bytes:,} bytes on {report.device} (rank {report.rank}); fix: call "
+        f"{words.ends} after the last race, never from add_reclaimed"
+    )
 
 
 def _ended_meanwhile(request: Request, report: ReclaimReport) -> ReclaimReport:

@@ -42,6 +42,9 @@ class Credit:
 
     nbytes: int
     reason: str | None = None
+    uncut_bytes: int | None = None
+    """What the credit was before :func:`credit` cut it to the memory free on the device
+    (``None``: it was not cut)."""
 
 
 def credit(
@@ -52,19 +55,22 @@ def credit(
     window_bytes: int,
     read_bytes: int,
     overhead_bytes: int = CREDIT_OVERHEAD_BYTES,
+    free_bytes: int | None = None,
 ) -> Credit:
     """What this rank may credit: stock's buffers for the jobs that will read the weights.
 
     Invariants the KV allocator relies on (checked by property tests):
 
     * ``0 <= nbytes <= race_jobs * stock_buffer_bytes``;
+    * ``nbytes <= free_bytes`` when it is given: never more than the memory that could back
+      it (the credit is cut to it, and ``uncut_bytes`` says from what);
     * ``nbytes == 0`` unless the eviction can be installed and reads at least
       the ``window_bytes`` it claims (``read_bytes >= window_bytes > 0``);
     * the eviction's own outputs and its read kernel's code (``overhead_bytes``, once per process)
       are subtracted, so the figure is a lower bound of what the races stop allocating.
 
-    ``stock_buffer_bytes`` must be what stock b12x really allocates per job
-    on this device (:func:`~._b12x.proof.measure_stock_buffer`).
+    ``stock_buffer_bytes`` is what stock b12x allocates per job on this device, measured
+    (:mod:`~._b12x.proof`); ``free_bytes`` what is free to torch there (``None`` off CUDA).
     """
     if not installable:
         return Credit(0, "nothing installed")
@@ -77,10 +83,14 @@ def credit(
     if stock_buffer_bytes <= 0:
         return Credit(0, "stock b12x allocated nothing for its eviction on this device")
     if window_bytes <= 0 or read_bytes < window_bytes:
-        return Credit(
-            0, f"the eviction reads {read_bytes:,} of the {window_bytes:,}-byte window it claims"
-        )
+        claims = f"{window_bytes:,}-byte window it claims"
+        return Credit(0, f"the eviction reads {read_bytes:,} of the {claims}")
     saved = race_jobs * stock_buffer_bytes - overhead_bytes
     if saved <= 0:
         return Credit(0, f"the eviction's own {overhead_bytes:,} bytes outweigh what it saves")
-    return Credit(saved)
+    if free_bytes is None or saved <= free_bytes:
+        return Credit(saved)
+    # Past what is free: stock's buffers for that many jobs could not all exist either.
+    if free_bytes <= 0:
+        return Credit(0, f"no memory is free on the device to back {saved:,} bytes", saved)
+    return Credit(free_bytes, None, saved)

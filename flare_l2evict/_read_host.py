@@ -46,7 +46,7 @@ class Snapshot:
         elif value is _MISSING:
             got = "missing"
         else:
-            got = "= " + described_value(value, 80)
+            got = "= " + described_value(value, 80) + _not_plain(value)
         return RuntimeContractError(
             f"runtime.{name} {got}: the host must pass {accepts} ({_CONTRACT})"
         )
@@ -71,6 +71,19 @@ class Snapshot:
             raise self.bad("process_group", "the tensor-parallel process group when world_size > 1")
         if group is not None:
             _check_group(group, rank, world)
+
+
+def _not_plain(value: object) -> str:
+    """`` (a Kind, not a str)`` for a str subclass or str Enum: its text may be what the
+    contract names (``'measured'``), and the line must not read as if that were refused."""
+    kind = type(value)  # never __class__, which a host object may answer
+    if kind is str or not issubclass(kind, str):
+        return ""
+    try:  # a metaclass of the host's may make even __name__ raise
+        name = str.__str__(type.__dict__["__name__"].__get__(kind))
+    except Exception:
+        name = "str subclass"
+    return f" (a {name}, not a str)"
 
 
 def snapshot(runtime: object) -> Snapshot:
@@ -130,8 +143,8 @@ def request_from(runtime: object) -> Request | Refused:
     where = Placement("unknown device")
     settings: L2EvictSettings | None = None
     raising = False
+    seen = snapshot(runtime)  # never raises an Exception: each attribute read once, here
     try:
-        seen = snapshot(runtime)
         where = placement(seen)
         config = seen.get("config")
         if config is not None and not isinstance(config, Mapping):
@@ -144,7 +157,7 @@ def request_from(runtime: object) -> Request | Refused:
     except Exception as error:
         # Its traceback would hold this frame, and through it the host's objects.
         error = error.with_traceback(None)
-        kv_sizing = _kv_sizing_or_reserved(runtime)
+        kv_sizing = _kv_sizing_or_reserved(seen)
         return Refused(runtime, HOST, where, settings, raising, error, kv_sizing)
 
 
@@ -187,11 +200,12 @@ def _kv_sizing(value: object) -> KVSizing:
     raise OutOfBounds("kv_sizing", "'reserved' (a budget set aside before the races) or 'measured'")
 
 
-def _kv_sizing_or_reserved(runtime: object) -> KVSizing:
-    """What the host said of its KV sizing, for the agreement of a refused start-up."""
+def _kv_sizing_or_reserved(seen: Snapshot) -> KVSizing:
+    """What the host said of its KV sizing, for the agreement of a refused start-up: the
+    snapshot's value (the attribute is not read again)."""
     try:
-        return _kv_sizing(getattr(runtime, "kv_sizing", None))
-    except Exception:
+        return _kv_sizing(seen.get("kv_sizing"))
+    except OutOfBounds:
         return "reserved"
 
 

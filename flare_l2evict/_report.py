@@ -23,6 +23,8 @@ class Wording:
     races: str
     busy: str
     """A call refused while another start-up is active (``{how}``, ``{active}``)."""
+    kind: str = "a flare host's hook"
+    """What holds a start-up of these words, in a line that names it to another caller."""
 
 
 HOST = Wording(
@@ -52,6 +54,7 @@ PROGRAM = Wording(
     "evicting_from: a start-up is active in this process ({active}: a flare host's, or another "
     "evicting_from block); this block credits 0 and changes nothing; fix: run the block outside "
     "any other start-up",
+    "an evicting_from block",
 )
 
 
@@ -119,6 +122,17 @@ class ReclaimReport(BaseModel):
         description="For a 'measured' host: the eviction storage the races no longer allocate "
         "(agreed across ranks), which its measurement of free memory already holds.",
     )
+    device_free_bytes: NonNegativeInt | None = Field(
+        default=None,
+        description="Memory free to torch on this rank's CUDA device when the hook ran: the "
+        "driver's free memory plus what torch's caching allocator held unused. The credit "
+        "never exceeds it; null off CUDA.",
+    )
+    uncut_credit_bytes: NonNegativeInt | None = Field(
+        default=None,
+        description="This rank's credit before it was cut to device_free_bytes (more than "
+        "the device had free); null when it was not cut.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ReclaimReport:
@@ -148,6 +162,12 @@ class ReclaimReport(BaseModel):
             f"{self.read_kernel} read) "
             f"instead of {self.race_jobs} x {self.stock_buffer_bytes:,}-byte buffers"
         )
+        if self.uncut_credit_bytes is not None:
+            line += (
+                f"; CUT from {self.uncut_credit_bytes:,} bytes to the "
+                f"{self.device_free_bytes or 0:,} bytes free to torch on {self.device} when the "
+                "hook ran (stock's buffers for that many race jobs could not all have existed)"
+            )
         if self.allocator_error:
             line += (
                 f"; kv_allocator.add_reclaimed RAISED {self.allocator_error} after the offer, so "
@@ -211,6 +231,15 @@ class StartupAudit(BaseModel):
         description="Why the eviction stopped reading the weights mid-start-up (the host freed, "
         "moved or re-pointed them); the races used stock buffers from then on.",
     )
+    device_free_bytes: NonNegativeInt | None = Field(
+        default=None,
+        description="Memory free to torch on the credited CUDA device when the hook ran; the "
+        "credit never exceeded it. Null off CUDA, or when nothing was credited.",
+    )
+    uncut_credit_bytes: NonNegativeInt | None = Field(
+        default=None,
+        description="The credit before it was cut to device_free_bytes; null when it was not cut.",
+    )
 
     @property
     def warns(self) -> bool:
@@ -231,8 +260,8 @@ class StartupAudit(BaseModel):
             return "nothing was installed; stock b12x ran its races"
         if not self.counted:
             return (
-                f"credited {self.credited_bytes:,} bytes on {self.device} via the fork's "
-                "API; its race evictions are not visible to the plugin"
+                f"credited {self.credited_bytes:,} bytes{self._cut()} on {self.device} via the "
+                "fork's API; its race evictions are not visible to the plugin"
             )
         parts = [
             f"{d.device}: {d.requested} evictions asked, {d.served_by_weights} served by weights, "
@@ -240,8 +269,9 @@ class StartupAudit(BaseModel):
             for d in self.devices
         ] or [f"{self.device}: no evictions asked"]
         head = (
-            f"credited {self.credited_bytes:,} bytes on {self.device} for {self.race_jobs} race "
-            f"jobs; at most {self.peak_alive} evictions alive at once; " + "; ".join(parts)
+            f"credited {self.credited_bytes:,} bytes{self._cut()} on {self.device} for "
+            f"{self.race_jobs} race jobs; at most {self.peak_alive} evictions alive at once; "
+            + "; ".join(parts)
         )
         if self.allocator_error:
             head += (
@@ -261,6 +291,15 @@ class StartupAudit(BaseModel):
         if self.shortfall_bytes:
             head += f"; SHORTFALL {self.shortfall_bytes:,} bytes of the credit were used"
         return head
+
+    def _cut(self) -> str:
+        """Where the credit was cut to the memory free on the device, the figures (else "")."""
+        if self.uncut_credit_bytes is None:
+            return ""
+        return (
+            f" (CUT from {self.uncut_credit_bytes:,} to the {self.device_free_bytes or 0:,} "
+            "bytes free to torch when the hook ran)"
+        )
 
     def _never_read(self, words: Wording) -> str:
         """Why no eviction ever read the weights (peak 0), in words true to the counts: races

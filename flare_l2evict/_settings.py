@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Literal
 
@@ -12,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError, field_v
 from ._credit import stock_buffer_bytes
 from ._errors import ConfigError
 from ._globs import wildcard_between_stars
-from ._text import literal, shown
+from ._text import described, literal, shown
 
 SECTION = ("plugins", "l2evict")
 _SECTION_NAME = ".".join(SECTION)
@@ -37,6 +39,13 @@ last: between two, each name would be read again from every position (``_globs``
 MAX_SECTION_KEYS = 64
 """Keys the section may hold before it is refused unread: it takes 4, and a host's mapping
 may never end (1,000,000 keys took 8.6 to 36 s and 1.75 GB when all were read)."""
+
+MAX_SCANNED_KEYS = 256
+"""Keys read of the config's top level, and of a table whose name is near ``plugins``, to find
+a section named near ``[plugins.l2evict]`` when that one is missing: more than a deployment
+config holds there, and a host's mapping that never ends is read no further."""
+_NEAR_CHARS = 64  # a longer key is no misspelling of either name, and is not normalised
+_BARE = re.compile(r"[A-Za-z0-9_-]+")  # a key TOML writes unquoted
 
 MIN_WINDOW_BYTES = 1 << 20
 """A window below 1 MiB displaces no GPU's L2; it is a typo, not a setting."""
@@ -131,33 +140,118 @@ def _one_line(error: ValidationError, section: Mapping[str, Any]) -> str:
     return f"{listed}; fix: correct the deployment config's [{_SECTION_NAME}] at the key named"
 
 
-def read_section(config: object) -> dict[str, Any]:
-    """The section as a plain dict (``{}`` when absent); :class:`ConfigError` if a table is not one.
+@dataclass(frozen=True)
+class Section:
+    """``[plugins.l2evict]`` as :func:`locate_section` found it."""
+
+    keys: dict[str, Any]
+    """The section's bounded copy, ``{}`` when absent."""
+    found: bool
+    """Whether ``[plugins.l2evict]`` exists in the config (an empty one too)."""
+
+
+_ABSENT = object()
+
+
+def locate_section(config: object) -> Section:
+    """The section, read once; :class:`ConfigError` if a table on the way is not one, if it
+    holds more than :data:`MAX_SECTION_KEYS` keys, or if it is missing while a section whose
+    name is near it is there (``[plugins.L2evict]``, ``[plugin.l2evict]``, ``[l2evict]``):
+    its keys would be ignored without a word, ``enabled = false`` among them.
 
     Read once: later steps see the same values, even from a host mapping answering differently.
     """
-    section: object = {} if config is None else config
+    table: object = {} if config is None else config
     for depth, part in enumerate(SECTION):
-        if not isinstance(section, Mapping):
+        if not isinstance(table, Mapping):
             where = ".".join(SECTION[:depth]) or "the deployment config"
             raise ConfigError(
-                f"[{where}] must be a table of keys, not {type(section).__name__} "
-                f"({literal(section, 60)}); fix: make it a table"
+                f"[{where}] must be a table of keys, not {type(table).__name__} "
+                f"({literal(table, 60)}); fix: make it a table"
             )
-        section = section.get(part, {})
-        section = {} if section is None else section
-    if not isinstance(section, Mapping):
+        table = table.get(part, _ABSENT)
+        if table is _ABSENT:
+            _refuse_a_near_miss(config)
+            return Section({}, found=False)
+        table = {} if table is None else table
+    if not isinstance(table, Mapping):
         raise ConfigError(
             f"[{_SECTION_NAME}] must be a table of keys ({', '.join(ALLOWED)}), "
-            f"not {type(section).__name__}"
+            f"not {type(table).__name__}"
         )
-    return _bounded_copy(section)
+    return Section(_bounded_copy(table), found=True)
+
+
+def read_section(config: object) -> dict[str, Any]:
+    """The section as a plain dict (``{}`` when absent): :func:`locate_section`'s keys."""
+    return locate_section(config).keys
+
+
+def _refuse_a_near_miss(config: object) -> None:
+    """Raise :class:`ConfigError` naming the first section whose name is near the plugin's.
+
+    Only a bounded prefix of each table's keys is read (:data:`MAX_SCANNED_KEYS`).
+    """
+    if not isinstance(config, Mapping):
+        return
+    for top in _names(config, "the deployment config"):
+        if _near(top, "l2evict") or _near(top, _SECTION_NAME):  # the name at the top level
+            _refuse(top)
+        if not _near(top, "plugins"):
+            continue
+        inner = config.get(top)
+        if not isinstance(inner, Mapping):
+            continue
+        for name in _names(inner, top):
+            if (top, name) != SECTION and _near(name, "l2evict"):
+                _refuse(top, name)
+
+
+def _names(table: Mapping[Any, Any], where: str) -> Iterator[str]:
+    """The plain text of a bounded prefix of ``table``'s keys that could be near a name."""
+    try:
+        keys = list(islice(iter(table), MAX_SCANNED_KEYS))
+    except Exception as error:  # a host's mapping whose iteration raises
+        raise ConfigError(
+            f"the keys of [{shown(where, 80)}] could not be read ({described(error, 200)}) to "
+            f"look for [{_SECTION_NAME}]; fix: pass the deployment config as a plain mapping"
+        ) from None
+    for key in keys:
+        if isinstance(key, str) and str.__len__(key) <= _NEAR_CHARS:
+            yield str.__str__(key)  # a subclass's own methods are not called
+
+
+def _near(name: str, wanted: str) -> bool:
+    """Whether ``name`` is ``wanted`` but for case, ``-``, ``_`` or blanks, and at most one
+    letter missing, extra, changed, or two neighbours swapped."""
+    a, b = (re.sub(r"[-_\s]", "", text.casefold()) for text in (name, wanted))
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        if len(diff) <= 1:
+            return True
+        i, j = diff[0], diff[-1]
+        return len(diff) == 2 and j == i + 1 and a[i] == b[j] and a[j] == b[i]
+    short, long = sorted((a, b), key=len)
+    return len(long) - len(short) == 1 and any(
+        long[:i] + long[i + 1 :] == short for i in range(len(long))
+    )
+
+
+def _refuse(*path: str) -> None:
+    where = ".".join(p if _BARE.fullmatch(p) else json.dumps(p, ensure_ascii=False) for p in path)
+    raise ConfigError(
+        f"no [{_SECTION_NAME}] section, but [{shown(where, 80)}] is near its name: the plugin "
+        f"reads only [{_SECTION_NAME}], so that section's keys would be ignored and the "
+        f"plugin would run with its defaults; fix: rename [{shown(where, 80)}] to "
+        f"[{_SECTION_NAME}] (lower case, no '-' or '_')"
+    )
 
 
 def _bounded_copy(section: Mapping[Any, Any]) -> dict[Any, Any]:
     """The section's keys and values, read only up to :data:`MAX_SECTION_KEYS` keys.
 
-    The mappings on the way here are only asked for one key each (``get``), never iterated.
+    The mappings on the way here are asked for one key each (``get``); only when the section
+    is missing is a bounded prefix of their keys read, for a near miss of its name.
     """
     # One key past the cap tells "too many" without counting: len() may lie, and
     # iteration may never end.

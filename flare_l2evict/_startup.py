@@ -3,10 +3,15 @@ r"""One start-up of the plugin in this process: its phase, its lock, its undo, i
 :class:`Startup` holds every piece of state the plugin keeps between calls, as
 pluggy's ``PluginManager`` does for a manager: the process's one start-up slot
 and lock, and per start-up its :class:`Phase`, the seam's undo steps, the offer
-and the agreement round. Each method takes one :class:`Event` under the lock;
-the lock is never held while host code runs (the KV allocator is called between
-:meth:`Startup.offer` and :meth:`Startup.offered`; host tensors are released
-outside it). The parts below (basis, choice, eviction, seam, credit, agreement,
+and the agreement round. Each method takes one :class:`Event` under the lock, and
+the lock guards only the plugin's own fields: nothing that can run host code runs
+under it. Not the KV allocator (called between :meth:`Startup.offer` and
+:meth:`Startup.offered`), not the change of b12x's seam (:meth:`Startup.install`:
+``torch.device``, which a host's ``TorchFunctionMode`` sees, or the fork's API), not an
+undo step, the text of a host's exception, a log line (its handlers are the host's),
+nor the drop of a host object. A host lock taken in any of those (a profiler's mode)
+cannot deadlock against a host thread that holds it while it calls ``startup_complete``
+or ``restore()``. The parts below (basis, choice, eviction, seam, credit, agreement,
 report) are passive: none imports this module or calls back into it.
 
 The phase moves only through :data:`NEXT`, a table of (phase, event) -> next phase,
@@ -31,16 +36,19 @@ Invariants the KV allocator relies on:
   owner (the runtime, or the block) or with a report it handed out, never, while
   its credit stands, by another runtime or by ``None``;
 * nothing stays installed that is not credited: the caller's exit (:meth:`settle`)
-  restores unless the offer began; a credit stays backed until its start-up ends
-  (from OFFERING on only :meth:`end`, or an operator's :func:`restore`, audited as
-  SHORTFALL, undoes the install);
+  restores unless the offer began (or a measuring host's keep: KEPT, and ORPHANED when an
+  exception cut its hook short, which :meth:`restore` ends); a credit stays backed until
+  its start-up ends (from OFFERING on only :meth:`end`, or an operator's :func:`restore`,
+  audited as SHORTFALL, undoes the install);
 * :meth:`restore` is the one place that puts stock b12x back. It reads the phase, so
   calling it again is harmless, and it resumes by itself what an exception cut short.
+  Each undo step is claimed under the lock and run outside it; the slot is not freed
+  while a claimed step has yet to run, so a stale restore never undoes the next
+  start-up's install.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import functools
 import gc
@@ -78,6 +86,7 @@ class Phase(enum.Enum):
     OFFERING = "offering"  # the credit is recorded; add_reclaimed runs (it may apply it)
     CREDITED = "credited"  # the offer is over: kept until the start-up ends
     KEPT = "kept"  # installed for a host that sizes its KV cache by measurement: no credit
+    ORPHANED = "orphaned"  # KEPT, but an exception cut the hook short: the host has no report
     ENDING = "ending"  # startup_complete came mid-change or mid-offer: ended as the step leaves
     CUT_SHORT = "cut short"  # restore() while the credit stood: later races make stock buffers
     FELL_BACK = "fell back"  # stock b12x is back; nothing credited
@@ -97,6 +106,7 @@ class Event(enum.Enum):
     RESTORE = "restore"  # stock b12x back (restore(), or a fallback)
     END = "end"  # startup_complete that ends this start-up (or the caller's own end)
     SETTLE = "settle"  # the caller's exit: its install and its offer are over
+    ESCAPE = "escape"  # ... and an exception leaves the caller: the host gets no report
     FORKED = "forked"  # a child process, without the thread that ran the start-up
 
 
@@ -140,6 +150,12 @@ _MOVES = """
     CREDITED      --end-->        ENDED
     KEPT          --restore-->    CUT_SHORT
     KEPT          --end-->        ENDED
+    BEGUN         --escape-->     ENDED
+    INSTALLED     --escape-->     ENDED
+    FELL_BACK     --escape-->     ENDED
+    KEPT          --escape-->     ORPHANED
+    ORPHANED      --restore-->    ENDED
+    ORPHANED      --end-->        ENDED
     ENDING        --installed-->  ENDED
     ENDING        --offered-->    ENDED
     ENDING        --settle-->     ENDED
@@ -162,14 +178,17 @@ NEXT = _table(
         Event.RESTORE: _ALL,
         Event.END: _ALL,
         Event.SETTLE: _ALL,
+        Event.ESCAPE: _ALL,
         Event.FORKED: _ALL,
     },
 )
 """(phase, event) -> the next phase: every move a start-up can make, and nothing else."""
 
-_STANDS = frozenset({Phase.OFFERING, Phase.CREDITED, Phase.KEPT, Phase.ENDING, Phase.CUT_SHORT})
-"""Phases in which the host relies on the install: its allocator may hold the credit, or (KEPT)
-its measured KV cache counts on the races reading weights."""
+_MEASURED = frozenset({Phase.KEPT, Phase.ORPHANED})
+"""Installed for a host that sizes its KV cache by measurement: nothing credited."""
+_STANDS = frozenset({Phase.OFFERING, Phase.CREDITED, Phase.ENDING, Phase.CUT_SHORT, *_MEASURED})
+"""Phases in which the host relies on the install: its allocator may hold the credit, or
+(:data:`_MEASURED`) its measured KV cache counts on the races reading weights."""
 _MID_STEP = frozenset({Phase.INSTALLING, Phase.FALLING_BACK, Phase.ENDING})
 """The start-up's own thread is inside a step: what a restore asks for waits for it to leave."""
 
@@ -230,7 +249,9 @@ class Startup:
         self._token = token
         self._seam: Seam | None = None
         self._eviction: WeightEviction | None = None
-        self._undo: list[Callable[[], None]] = []
+        self._undo: list[Callable[[], None]] = []  # registered by the seam, not yet run
+        # Steps a restore call claimed and runs outside the lock: (the call, the step).
+        self._claimed: list[tuple[object, Callable[[], None]]] = []
         self._handed: list[ReclaimReport] = []  # every report handed out: each ends the start-up
 
     def _step(self, event: Event) -> Phase:
@@ -261,16 +282,29 @@ class Startup:
             if cls._active is None and not setattr(cls, "_active", made):  # type: ignore[func-returns-value]  # one line: see _step
                 return made
             active = cls._active
-            if active is None:  # a signal handler began and ended one between the two lines
-                return Busy("a call that raced another start-up", "none, since ended")
-            return Busy(active._how(owner), repr(active))
+        if active is None:  # a signal handler began and ended one between the two lines
+            return Busy("a call that raced another start-up", "none, since ended")
+        return Busy(active._how(owner, wording), repr(active))  # outside the lock
 
-    def _how(self, owner: object) -> str:
+    def _how(self, owner: object, wording: Wording) -> str:
+        """How a call of ``owner`` (in ``wording``) relates to this, the active start-up."""
+        if self.phase is Phase.ENDED:
+            return (
+                "a call while the last start-up is closing (an undo step of its restore is "
+                "still running)"
+            )
         if self.phase is Phase.ENDING:
             return (
                 "a call while the last start-up is ending (startup_complete came during its "
                 "install or its offer)"
             )
+        if self.phase is Phase.ORPHANED:
+            return (
+                "a call while a start-up whose hook an exception cut short stays installed "
+                "for a measuring host (flare_l2evict.restore() or its startup_complete ends it)"
+            )
+        if self.wording.kind != wording.kind:  # a block's or a tools install's, not a model's
+            return f"{wording.kind} ({self.wording.kind} is active)"
         if self._owner() is not owner and self.report is not None:
             return "a second model's call (another runtime's start-up is active)"
         if self.thread == threading.get_ident() and self.report is None:
@@ -301,7 +335,12 @@ class Startup:
         """
         cls._lock = threading.RLock()
         active = cls._active
-        if active is None or active.thread == threading.get_ident():
+        if active is None:
+            return
+        # The threads that claimed undo steps are not in the child (this one's claims, if it
+        # forked from inside an undo step, end with that step): nobody would run them there.
+        active._claimed.clear()
+        if active.thread == threading.get_ident():
             return
         if active._step(Event.FORKED) is Phase.ENDED:
             active._close()
@@ -312,21 +351,24 @@ class Startup:
         """BEGUN -> INSTALLED: b12x's races read ``eviction`` through ``seam``.
 
         Raises :class:`InstallError` if the start-up is no longer BEGUN (it ended, or
-        ``restore()`` ran). b12x's modules are changed under the lock (no host code
-        runs there), so another thread's restore or end waits for the whole change; one
-        on this thread meanwhile (a signal handler) is recorded (FALLING_BACK, ENDING)
-        and carried out here once the change is over, so no undo runs before its change.
+        ``restore()`` ran). b12x's modules are changed outside the lock (the change calls
+        ``torch.device``, which a host's torch mode sees, or the fork's API): a restore or
+        an end that arrives meanwhile, from any thread, is recorded (FALLING_BACK,
+        ENDING) and carried out here once the change is over, so no undo runs before its
+        change.
         """
         with self._lock:
-            if self._step(Event.INSTALL) is not Phase.INSTALLING:
-                raise InstallError(
-                    f"{self.wording.ends} ran, or restore() did, before the eviction was "
-                    "installed; stock b12x kept"
-                )
-            try:
+            if (now := self._step(Event.INSTALL)) is Phase.INSTALLING:
                 self._seam, self._eviction = seam, eviction
-                seam.install(eviction, self._undo)
-            finally:
+        if now is not Phase.INSTALLING:
+            raise InstallError(
+                f"{self.wording.ends} ran, or restore() did, before the eviction was "
+                "installed; stock b12x kept"
+            )
+        try:
+            seam.install(eviction, self._undo)
+        finally:
+            with self._lock:
                 now = self._step(Event.INSTALLED)
         if now is Phase.ENDED:
             self._close()
@@ -351,68 +393,109 @@ class Startup:
         ``False`` (nothing recorded) if a restore or an end came first. The caller then
         hands ``report`` to the allocator, outside the lock, and calls :meth:`offered`.
         """
+        nbytes = report.reclaimed_bytes
         with self._lock:
             # Written first, read only once the phase says OFFERING (audit, ends_with).
-            self.offered_bytes = report.reclaimed_bytes
+            self.offered_bytes = nbytes
             self._handed.append(report)
             return self._step(Event.OFFER) is Phase.OFFERING
 
     @_resumed
-    def offered(self, error: BaseException | None) -> None:
-        """OFFERING -> CREDITED (ENDING -> ENDED): the allocator returned, or raised ``error``."""
+    def offered(self, error: BaseException | None) -> bool:
+        """OFFERING -> CREDITED (ENDING -> ENDED): the allocator returned, or raised ``error``.
+
+        Returns whether the start-up ended during the offer (``startup_complete`` inside the
+        allocator's call): it is closed here, and its audit was logged already.
+        """
+        why = None if error is None else described(error, 500)  # the host's __str__: unlocked
         with self._lock:
-            if error is not None and self.allocator_error is None:
-                self.allocator_error = described(error, 500)
+            if why is not None and self.allocator_error is None:
+                self.allocator_error = why
             now = self._step(Event.OFFERED)
         if now is Phase.ENDED:
             self._close()
+        return now is Phase.ENDED
 
     @_resumed
     def settle(self, report: ReclaimReport | None, escaped: bool) -> None:
         """The caller's exit: keep the install if and only if the offer began, else restore.
 
-        ``escaped``: an exception leaves the caller; a start-up that offered nothing then
-        ends too, so a retry begins anew. The caller has left its install and its offer,
+        ``escaped``: an exception leaves the caller; a start-up that installed nothing for
+        the host then ends too, so a retry begins anew; one kept for a measuring host is
+        ORPHANED (kept, but :meth:`restore` ends it: the host never got its report); a credit
+        the allocator may hold stands. The caller has left its install and its offer,
         whatever cut them short. Reads the phase, so a second call changes nothing.
         """
         with self._lock:
             if report is not None and self.report is None:
                 self.report = report
             now = self._step(Event.SETTLE)
-            if escaped and now not in _STANDS:
-                now = self._step(Event.END)
+            if escaped:
+                now = self._step(Event.ESCAPE)
         if now is Phase.ENDED:
             self._close()
         elif now in (Phase.BEGUN, Phase.INSTALLED, Phase.FELL_BACK):
             self.restore()
 
-    @_resumed
     def restore(self) -> None:
         """Stock b12x again, and no reference to the weights: the one place that undoes.
 
         Safe from any thread and from a signal handler; never raises an ``Exception``
-        (an undo step that fails stays, is tried again by the next call, and its error is
-        kept in :attr:`undo_error`); each step is dropped only once it ran. Inside a step
-        of the start-up's own thread (:data:`_MID_STEP`) it is recorded, and that step
-        restores as it leaves.
+        (an undo step that fails stays for the next call while the start-up holds the slot,
+        and its error is kept in :attr:`undo_error`); each step is dropped only once it
+        ran. Each step is claimed under the lock and run outside it (an undo step is
+        b12x's code, or the fork's API). Inside a step of the start-up's own thread
+        (:data:`_MID_STEP`) it is recorded, and that step restores as it leaves. An ENDED
+        start-up's slot is freed here, once no undo step claimed by any call is left to run.
         """
+        self._restore(object())  # this call's claim on the steps it runs
+
+    @_resumed
+    def _restore(self, call: object) -> None:
+        """:meth:`restore`, as ``call``: a second run (after an exception) finishes its claims."""
         with self._lock:
             if self._step(Event.RESTORE) in _MID_STEP:
                 return
-            steps = list(self._undo)
-        for step in reversed(steps):
-            # Under the lock, and only while still registered: a step another restore ran
-            # meanwhile (and the next start-up's install since) is not run again here.
-            with self._lock:
-                if step in self._undo and self._undone(step):
-                    with contextlib.suppress(ValueError):  # a nested restore dropped it
-                        self._undo.remove(step)
-        with self._lock:
-            if not self._undo:
-                self.undo_error = None
+            # Its own claims first: steps a first run claimed and an exception cut short.
+            steps = [step for by, step in self._claimed if by is call]
+            steps += reversed(self._undo)
             eviction = self._eviction
+        for step in steps:
+            self._undo_step(call, step)
+        with self._lock:
+            if not self._undo and not self._claimed:
+                self.undo_error = None
         if eviction is not None:
             eviction.release()  # outside the lock: dropping a host tensor may run host code
+        self._vacate()
+
+    def _undo_step(self, call: object, step: Callable[[], None]) -> None:
+        """Run ``step`` outside the lock if ``call`` claims it, still registered (a step another
+        call ran or claims meanwhile, or one of a start-up whose slot was freed, is not run)."""
+        undo, taken, key = self._undo, self._claimed, (call, step)
+        ran = False
+        with self._lock:
+            # One line (see _step): moved from the registered steps to this call's claims.
+            ok = key in taken or (step in undo and not undo.remove(step) and not taken.append(key))  # type: ignore[func-returns-value]
+        if not ok:
+            return
+        try:
+            ran = self._undone(step)
+        finally:
+            with self._lock:
+                # One line: the claim dropped, and the step registered again if it did not run.
+                key in taken and not taken.remove(key) and (ran or undo.append(step))  # type: ignore[func-returns-value]
+
+    def _vacate(self) -> None:
+        """An ENDED start-up frees the slot once no claimed undo step is left to run (the call
+        that runs the last one frees it), and drops the steps that failed: the next start-up
+        installs after every undo of this one, never before a stale one."""
+        with self._lock:
+            over = self.phase is Phase.ENDED and not self._claimed
+            over and self._undo.clear()  # type: ignore[func-returns-value]  # none claimable now
+            # One line, compare and clear: a signal handler that ended this start-up and began
+            # the next between a check and a write would have its slot cleared.
+            over and Startup._active is self and setattr(Startup, "_active", None)  # type: ignore[func-returns-value]
 
     def _undone(self, step: Callable[[], None]) -> bool:
         """Run one undo step; whether it ran through. A step that raises runs once more (an
@@ -479,13 +562,16 @@ class Startup:
             if active is None or (own_only and not active.owned_by(ender)):
                 return StartupAudit(mechanism="none")
             ended = active.phase is Phase.ENDED  # another call is closing it, or was cut short
-            if not ended and not active.ends_with(ender):
+            refused = not ended and not active.ends_with(ender)
+            if refused:
                 audit = StartupAudit(mechanism="none", refused=active._refusal(ender))
-                say(log, logging.WARNING, "flare_l2evict: %s", audit.refused)
-                return audit
-            kept = active.phase not in (Phase.BEGUN, Phase.FELL_BACK, Phase.ENDED)
-            audit = active.audit() if kept else StartupAudit(mechanism="none")
-            now = active._step(Event.END)
+            else:
+                kept = active.phase not in (Phase.BEGUN, Phase.FELL_BACK, Phase.ENDED)
+                audit = active.audit() if kept else StartupAudit(mechanism="none")
+                now = active._step(Event.END)
+        if refused:  # logged outside the lock: a log handler is the host's code
+            say(log, logging.WARNING, "flare_l2evict: %s", audit.refused)
+            return audit
         if ended:
             active._close()  # idempotent: finishes what the first call began
             return audit
@@ -496,18 +582,13 @@ class Startup:
             active._log_audit(audit)
         return audit
 
-    @_resumed
     def _close(self) -> None:
         """After ENDED: stock b12x back, the weights released, the slot free for the next."""
-        self.restore()
-        with self._lock:
-            # One line, compare and clear: a signal handler that ended this start-up and began
-            # the next between a check and a write would have its slot cleared.
-            Startup._active is self and setattr(Startup, "_active", None)  # type: ignore[func-returns-value]
+        self.restore()  # ENDED: its last step frees the slot (_vacate)
 
     def _refusal(self, ender: object) -> str:
         whose = "None" if ender is None else "a runtime that began no start-up in progress here"
-        if self.phase is Phase.KEPT:
+        if self.phase in _MEASURED:
             active = "a start-up whose races read the weights (kv_sizing = 'measured') is active"
         elif self.phase in _STANDS:
             credit = self.audit().credited_bytes
@@ -538,6 +619,7 @@ class Startup:
         counted = seam.counted
         unused = max(0, jobs - seam.peak) * seam.basis.stock.nbytes if counted else 0
         devices = tuple(DeviceAudit(device=d, **asdict(c)) for d, c in sorted(seam.counts.items()))
+        offered = self._handed[-1] if stands and self._handed else None  # what the offer said
         return StartupAudit(
             mechanism=seam.mechanism,
             device=key,
@@ -550,6 +632,8 @@ class Startup:
             devices=devices,
             shortfall_bytes=min(made, credited),
             fallback_reason=fell_back,
+            device_free_bytes=None if offered is None else offered.device_free_bytes,
+            uncut_credit_bytes=None if offered is None else offered.uncut_credit_bytes,
         )
 
     def _log_audit(self, audit: StartupAudit) -> None:

@@ -28,9 +28,10 @@ sizes = st.integers(min_value=-(1 << 40), max_value=1 << 40)
     stock=sizes,
     window=sizes,
     read=sizes,
+    free=st.one_of(st.none(), sizes),
 )
 def test_credit_is_bounded_and_zero_unless_the_window_is_read(
-    installable: bool, race_jobs: int, stock: int, window: int, read: int
+    installable: bool, race_jobs: int, stock: int, window: int, read: int, free: int | None
 ) -> None:
     got = credit(
         installable=installable,
@@ -38,11 +39,24 @@ def test_credit_is_bounded_and_zero_unless_the_window_is_read(
         stock_buffer_bytes=stock,
         window_bytes=window,
         read_bytes=read,
+        free_bytes=free,
     )
     assert 0 <= got.nbytes <= max(0, race_jobs) * max(0, stock)
     if not installable or read < window or window <= 0:
         assert got.nbytes == 0
     assert (got.nbytes == 0) == (got.reason is not None)
+    uncut = credit(
+        installable=installable,
+        race_jobs=race_jobs,
+        stock_buffer_bytes=stock,
+        window_bytes=window,
+        read_bytes=read,
+    )
+    assert uncut.uncut_bytes is None  # no free figure (off CUDA): never cut
+    if free is None or uncut.nbytes <= max(0, free):  # within what is free: as without it
+        assert got == uncut
+    else:  # past it: cut to it, and the credit it was cut from is kept
+        assert got.nbytes == max(0, free) < uncut.nbytes == got.uncut_bytes
 
 
 @dataclass
@@ -130,3 +144,28 @@ def test_the_hook_never_raises_and_never_over_credits(
             assert credited == report.reclaimed_bytes
     finally:
         end_any()
+
+
+def test_a_credit_past_the_free_memory_is_cut_to_it_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 41: on CUDA, the memory free to torch is read once with the basis; a CPU has no
+    # such figure, so the device's reading stands in here for one of 100 MiB free.
+    import logging
+
+    from support.hosts import CREDIT, complete, runtime
+
+    from flare_l2evict._b12x import proof
+
+    free = 100 * MiB
+    monkeypatch.setattr(proof, "device_free_bytes", lambda device: free)
+    host = runtime()
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        report = hook(host)
+    assert report.reclaimed_bytes == free == host.kv_allocator.reclaimed_bytes
+    assert report.device_free_bytes == free and report.uncut_credit_bytes == CREDIT
+    (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
+    assert line.levelno == logging.WARNING and "CUT from" in line.getMessage()
+    audit = complete(host)
+    assert audit.credited_bytes == free and audit.uncut_credit_bytes == CREDIT
+    assert audit.device_free_bytes == free and "CUT from" in audit.summary()

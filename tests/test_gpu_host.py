@@ -148,3 +148,31 @@ def test_a_storage_off_a_word_boundary_is_skipped_not_faulted(device: torch.devi
     # A storage can only sit off a word boundary by borrowing memory (a slice): it is
     # refused as borrowed before its address is even asked.
     assert report.reclaimed_bytes == 0 and "1 borrowed" in (report.reason or "")
+
+
+def _free_to_torch(device: torch.device) -> int:
+    """What is free to torch on ``device`` now: the driver's free plus torch's unused cache."""
+    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(torch.cuda.mem_get_info(device)[0]) + unused
+
+
+def test_the_credit_never_exceeds_the_memory_free_on_the_device(device: torch.device) -> None:
+    # Issue 41: the most race jobs there can be, each credited a stock buffer, on a device
+    # with little free memory left (the host's other memory holds the rest): the credit is
+    # cut to what was free when the hook ran, on any card.
+    from flare_l2evict._request import MAX_RACE_JOBS
+
+    tensors = {"model.layers.0.mlp.experts.w13_weight": torch.ones(512 * MiB // 4, device=device)}
+    ballast = torch.empty(_free_to_torch(device) - 2048 * MiB, dtype=torch.uint8, device=device)
+    before = _free_to_torch(device)
+    host = runtime(tensors=tensors, device=device, l2_cache_bytes=None, race_jobs=MAX_RACE_JOBS)
+    report = hook(host)
+    print(f"little free memory: {report.summary()}")
+    free = report.device_free_bytes
+    assert free is not None and 0 < free <= before  # read once, when the hook ran
+    assert report.reclaimed_bytes == free == host.kv_allocator.reclaimed_bytes  # cut to it
+    assert report.uncut_credit_bytes == MAX_RACE_JOBS * report.stock_buffer_bytes - OWN
+    audit = complete(host)
+    assert audit.credited_bytes == report.reclaimed_bytes
+    assert audit.device_free_bytes == free and audit.uncut_credit_bytes == report.uncut_credit_bytes
+    del ballast

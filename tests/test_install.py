@@ -209,3 +209,29 @@ def test_a_fork_api_of_another_shape_is_refused_before_anything_is_handed(
     ):
         measure_basis(torch.device("cpu"), L2, L2EvictSettings(), 1)
     assert handed == [] and measurement._l2_flush_fn is stock_seam()
+
+
+@pytest.mark.parametrize("how", ["nested", "after-its-exit"])
+def test_a_tools_install_entered_twice_refuses_the_second_entry_and_keeps_the_first(
+    how: str,
+) -> None:
+    # Issue 41: `with handle:` inside `with install(...) as handle:` ran, and its exit ended
+    # the outer block's install without a word; the races after it ran stock.
+    from flare_l2evict import L2EvictError
+    from flare_l2evict._startup import Startup
+
+    outer = install(choice(), basis(prove_seam()))
+    with outer as handle:
+        assert seam_is_ours()
+        if how == "nested":
+            with pytest.raises(L2EvictError, match="already entered") as raised:
+                with handle:
+                    pass
+            assert "\n" not in str(raised.value)
+            assert "fix: make a new install(...) for each with statement" in str(raised.value)
+        assert seam_is_ours() and Startup.active() is handle.startup  # the first entry stands
+    assert not seam_is_ours() and Startup.active() is None  # its own exit ended it
+    if how == "after-its-exit":
+        with pytest.raises(L2EvictError, match="already entered"):
+            with outer:
+                pass

@@ -9,6 +9,7 @@ reference host on the CPU, ranks over gloo, and on a GPU real b12x races.
 
 from __future__ import annotations
 
+import enum
 import logging
 import re
 from collections.abc import Iterator
@@ -300,3 +301,44 @@ def test_free_memory_after_real_b12x_races_stock_and_plugin_reserved_and_measure
     # least as much (the credit is a lower bound of what they no longer allocate).
     assert reserved.kv_budget_bytes - arms["stock", "reserved"].kv_budget_bytes == credit
     assert measured.kv_budget_bytes - arms["stock", "measured"].kv_budget_bytes >= credit
+
+
+class SizingEnum(str, enum.Enum):
+    """A host's str Enum of sizing styles."""
+
+    MEASURED = "measured"
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"), [(SizingStr("measured"), "SizingStr"), (SizingEnum.MEASURED, "SizingEnum")]
+)
+def test_a_kv_sizing_equal_to_measured_but_no_plain_str_says_so(value: object, kind: str) -> None:
+    # Issue 41: the refusal read "runtime.kv_sizing = 'measured': the host must pass ...
+    # or 'measured'", as if 'measured' were refused.
+    report = hook(Host(value, ReferenceKVAllocator(1024)))
+    reason = report.reason or ""
+    assert report.reclaimed_bytes == 0 and not seam_is_ours()
+    assert reason.startswith(f"runtime.kv_sizing = 'measured' (a {kind}, not a str): "), reason
+
+
+class CountingSizingHost(Host):
+    """A host whose kv_sizing is a property that counts its reads."""
+
+    reads = 0
+
+    @property
+    def kv_sizing(self) -> str:
+        CountingSizingHost.reads += 1
+        return "measured"
+
+
+def test_kv_sizing_is_read_once_on_a_refused_path() -> None:
+    # Issue 41: a refused start-up read runtime.kv_sizing a second time (for the agreement),
+    # after the snapshot had read it once; the contract says once.
+    CountingSizingHost.reads = 0
+    host = CountingSizingHost(kv_allocator=ReferenceKVAllocator(1024))
+    host.race_jobs = -1  # refused
+    report = hook(host)
+    assert report.reclaimed_bytes == 0 and (report.reason or "").startswith("runtime.race_jobs")
+    assert report.kv_sizing == "measured"  # what the host said, for the agreement too
+    assert CountingSizingHost.reads == 1

@@ -565,7 +565,7 @@ def test_a_restore_reentered_inside_restore_keeps_the_returned_audit_true() -> N
     # ValueError reached startup_complete, which returned "nothing was installed".
     host = runtime()
     assert hook(host).reclaimed_bytes == CREDIT
-    tracer = _call_at(Startup.restore.__wrapped__, "self._undo.remove(step)")  # type: ignore[attr-defined]
+    tracer = _call_at(Startup._undo_step, "key in taken and not taken.remove(key)")
     audit = _under(tracer, lambda: complete(host))
     assert tracer.fired  # type: ignore[attr-defined]
     assert audit.credited_bytes == CREDIT and audit.mechanism == "stock-seam", audit
@@ -583,7 +583,7 @@ def test_a_start_up_begun_inside_the_last_ones_close_keeps_its_slot() -> None:
         complete(first)
         began.append(hook(second))
 
-    tracer = _call_at(Startup._close.__wrapped__, "Startup._active is self", signal_handler)  # type: ignore[attr-defined]
+    tracer = _call_at(Startup._vacate, "over and Startup._active is self", signal_handler)
     _under(tracer, lambda: complete(first))
     assert tracer.fired and began[0].reclaimed_bytes == CREDIT  # type: ignore[attr-defined]
     active = Startup.active()
@@ -604,8 +604,8 @@ def test_a_stale_restore_on_another_thread_never_undoes_the_next_start_ups_insta
     monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
     first, second = runtime(), runtime()
     assert hook(first).mechanism == "fork"
-    code = Startup.restore.__wrapped__.__code__  # type: ignore[attr-defined]
-    target = _line_of(Startup.restore.__wrapped__, "for step in reversed(steps):")  # type: ignore[attr-defined]
+    code = Startup._restore.__wrapped__.__code__  # type: ignore[attr-defined]
+    target = _line_of(Startup._restore.__wrapped__, "for step in steps:")  # type: ignore[attr-defined]
     paused, resume = threading.Event(), threading.Event()
 
     def local(frame: Any, event: str, arg: Any) -> Any:
@@ -983,7 +983,7 @@ class ProviderInterrupt(KeyboardInterrupt):
 
 
 def test_an_exception_at_the_provider_version_lookup_leaves_no_weights_held() -> None:
-    # Issue 38: raised in a block's entry at `_version`'s `return None` (while the lookup's
+    # Issue 38: raised in a block's entry at `installed_version`'s `return None` (while the lookup's
     # PackageNotFoundError is being handled), the block's weights stayed alive after the
     # block ended and after gc.collect().
     from flare_l2evict._b12x import provider
@@ -1036,3 +1036,76 @@ def test_an_exception_at_the_entry_of_a_blocks_exit_still_ends_its_start_up() ->
     assert installed() is None and Startup.active() is None
     with flare_l2evict.evicting_from({"w": weights}, race_jobs=JOBS, l2_cache_bytes=L2) as again:
         assert again.reclaimed_bytes > 0
+
+
+class CopyingRuntimeStandIn(ReferenceRuntime):
+    """A host whose resident_tensors() returns copies: installed, then credited 0 (nothing but
+    the plugin holds them), so the hook's exit must restore."""
+
+    def resident_tensors(self) -> Any:
+        return {name: tensor.clone() for name, tensor in self.tensors.items()}
+
+
+@pytest.mark.parametrize("text", ["if isinstance(request, Request):", "request.take_tensors()"])
+def test_an_interrupt_in_the_hooks_exit_still_settles_its_start_up(text: str) -> None:
+    # Issue 41: the hook's `finally` dropped the host's mapping before handing the start-up
+    # back (Startup.leave). An interrupt there left an installed start-up that credited 0
+    # installed, unsettled: every retry credited 0, "re-entrant call", and startup_complete
+    # was the only way out. Handed back first, it is restored as the hook leaves.
+    host = runtime(kind=CopyingRuntimeStandIn)
+
+    def interrupt() -> None:
+        raise AsynchronousInterrupt(f"at {text}")
+
+    tracer = _call_at(_core.start, text, interrupt)
+    with pytest.raises(AsynchronousInterrupt):
+        _under(tracer, lambda: hook(host))
+    assert tracer.fired  # type: ignore[attr-defined]
+    assert not seam_is_ours() and installed() is None  # settled as the hook left: restored
+    again = hook(host)  # held until startup_complete, as after any hook: said truly
+    assert again.reclaimed_bytes == 0 and "repeated call" in (again.reason or ""), again.reason
+    complete(host)
+    assert Startup.active() is None
+    retry = runtime()
+    assert hook(retry).reclaimed_bytes == CREDIT
+    complete(retry)
+
+
+def _interrupted_at(function: Callable[..., Any], text: str, host: ReferenceRuntime) -> None:
+    """The host's hook, cut short by an interrupt at ``function``'s line ``text``."""
+
+    def interrupt() -> None:
+        raise AsynchronousInterrupt(f"at {text}")
+
+    tracer = _call_at(function, text, interrupt)
+    with pytest.raises(AsynchronousInterrupt):
+        _under(tracer, lambda: hook(host))
+    assert tracer.fired  # type: ignore[attr-defined]
+
+
+def test_restore_frees_a_measured_start_up_whose_hook_an_interrupt_cut_short() -> None:
+    # Issue 41: interrupted after keep(), a measuring host's start-up stayed KEPT (the host
+    # never got its report), and restore() left it holding the slot (CUT_SHORT): every
+    # later start-up credited 0 until a startup_complete the host had no reason to call.
+    host = runtime(kv_sizing="measured")
+    _interrupted_at(_core._kept_for_measurement, "say(log, logging.INFO", host)
+    assert seam_is_ours()  # kept: the host may still measure with the races reading weights
+    flare_l2evict.restore()
+    assert not seam_is_ours() and Startup.active() is None
+    fresh = runtime()
+    assert hook(fresh).reclaimed_bytes == CREDIT
+    complete(fresh)
+
+
+def test_restore_keeps_the_slot_of_a_credit_that_stands_though_its_hook_was_cut_short() -> None:
+    # The credited case is not weakened: the allocator applied the credit, so restore() puts
+    # stock back (SHORTFALL in the audit) but the start-up stays until startup_complete.
+    host = runtime()
+    _interrupted_at(_core._offer, "say(log, logging.WARNING if cut", host)
+    assert host.kv_allocator.reclaimed_bytes == CREDIT and seam_is_ours()
+    flare_l2evict.restore()
+    assert not seam_is_ours() and Startup.active() is not None
+    assert hook(runtime()).reclaimed_bytes == 0  # held until its own startup_complete
+    audit = complete(host)
+    assert audit.credited_bytes == CREDIT and audit.shortfall_bytes == CREDIT
+    assert Startup.active() is None

@@ -168,3 +168,23 @@ def test_a_host_mode_that_refuses_every_call_is_named_as_the_hosts() -> None:
     assert "host's own TorchFunctionMode" in text and "RefusingModeStandIn" in text
     assert "pip install" not in text and "\n" not in text
     assert torch.device("cpu").type == "cpu"  # the mode is the host's: left as it was
+
+
+def test_a_distribution_whose_metadata_has_no_version_has_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 41: a b12x dist-info without a Version made the provider's version the string
+    # 'None' (str() of a missing field), which `check` and the seam's line then printed.
+    from flare_l2evict._b12x import provider
+
+    for name in ("b12x", "flare-l2evict-stand-in"):
+        info = tmp_path / f"{name.replace('-', '_')}-0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    b12x, flashinfer = provider.versions()
+    assert b12x is None, b12x
+    assert flashinfer == importlib.metadata.version("flashinfer-python")  # found as before
+    assert provider.installed_version("flare-l2evict-stand-in") is None
+    assert provider.installed_version("no-such-distribution-here") is None
+    assert provider.installed_version("flashinfer-python") == flashinfer

@@ -111,3 +111,32 @@ def test_an_audit_whose_races_all_got_stock_buffers_says_so() -> None:
     line = audit.summary()
     assert "NO RACE RAN" not in line and "no race used" not in line, line
     assert "NO EVICTION READ THE WEIGHTS: the races asked 3 evictions, each " in line, line
+
+
+def test_a_credit_cut_to_the_free_memory_says_so_in_the_report_and_the_audit() -> None:
+    # Issue 41: on CUDA the credit never exceeds what was free to torch when the hook ran.
+    from flare_l2evict._report import StartupAudit
+
+    cut = full().model_copy(
+        update={
+            "device_free_bytes": 3 << 28,
+            "reclaimed_bytes": 3 << 28,
+            "uncut_credit_bytes": 5 << 28,
+        }
+    )
+    line = cut.summary()
+    assert "reclaimed 805,306,368 bytes on cuda:0" in line and "\n" not in line
+    assert "CUT from 1,342,177,280 bytes to the 805,306,368 bytes free to torch on cuda:0" in line
+    assert "CUT" not in full().summary()
+    audit = StartupAudit(
+        mechanism="fork",
+        device="cuda:0",
+        credited_bytes=3 << 28,
+        counted=False,
+        device_free_bytes=3 << 28,
+        uncut_credit_bytes=5 << 28,
+    )
+    assert "credited 805,306,368 bytes (CUT from 1,342,177,280 to the 805,306,368 bytes free" in (
+        audit.summary()
+    )
+    assert "CUT" not in audit.model_copy(update={"uncut_credit_bytes": None}).summary()

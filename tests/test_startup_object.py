@@ -533,3 +533,56 @@ def test_a_child_forked_while_another_thread_is_mid_hook_starts_up_afresh() -> N
     got = _child_says(pid, read, write)
     assert got == f"{CREDIT} False"  # the parent's half-run hook did not hold the child's slot
     complete(host)
+
+
+class EndsDuringTheOfferStandIn(ReferenceKVAllocator):
+    """Applies the credit, then ends the start-up (startup_complete) before returning."""
+
+    host: Any = None
+
+    def add_reclaimed(self, report: ReclaimReport) -> None:
+        super().add_reclaimed(report)
+        complete(self.host)
+
+
+def test_a_start_up_ended_during_the_offer_is_not_logged_as_reclaimed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 41: the audit warned, then the hook logged INFO "reclaimed ... bytes" for a
+    # start-up already gone.
+    allocator = EndsDuringTheOfferStandIn(1024)
+    host = runtime(allocator=allocator)
+    allocator.host = host
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        report = hook(host)
+    assert report.reclaimed_bytes == CREDIT == allocator.reclaimed_bytes  # what it was offered
+    assert not seam_is_ours() and Startup.active() is None  # ended, as startup_complete asked
+    lines = [r for r in caplog.records if r.name == "flare_l2evict"]
+    assert [r.levelno for r in lines] == [logging.WARNING, logging.WARNING], caplog.text
+    audit, ended = (r.getMessage() for r in lines)
+    assert "audit: credited" in audit
+    assert "ended during the offer" in ended and "startup_complete ran inside" in ended, ended
+    assert "fix: " in ended and "\n" not in ended
+
+
+@pytest.mark.parametrize("active", ["an evicting_from block", "a tools install"])
+def test_a_flare_hook_during_a_block_or_a_tools_install_is_named_truly(active: str) -> None:
+    # Issue 41: a host's hook during an open block was refused as "a second model's call",
+    # and during a tools install as a "re-entrant call (from inside this start-up's own hook)".
+    from flare_l2evict._b12x.proof import measure_basis
+    from flare_l2evict.tools._choose_weights import choose_weights, install
+
+    tensors = weights()
+    opened: Any
+    if active == "an evicting_from block":
+        opened = flare_l2evict.evicting_from(tensors, race_jobs=JOBS, l2_cache_bytes=L2)
+    else:
+        basis = measure_basis(torch.device("cpu"), L2, flare_l2evict.L2EvictSettings(), 0)
+        opened = install(choose_weights(tensors, "cpu", MiB), basis)
+    host = runtime()
+    with opened:
+        report = hook(host)
+    reason = report.reason or ""
+    assert report.reclaimed_bytes == 0 and host.kv_allocator.reclaimed_bytes == 0
+    assert reason.startswith(f"a flare host's hook ({active} is active)"), reason
+    assert "second model" not in reason and "re-entrant" not in reason, reason

@@ -34,7 +34,9 @@ def test_the_codes_move_lines_are_the_table() -> None:
     assert len(_MOVE.findall(_startup._MOVES)) == len(_table_moves())  # none twice
 
 
-@pytest.mark.parametrize("event", [Event.RESTORE, Event.END, Event.SETTLE, Event.FORKED])
+@pytest.mark.parametrize(
+    "event", [Event.RESTORE, Event.END, Event.SETTLE, Event.ESCAPE, Event.FORKED]
+)
 def test_the_events_that_never_raise_have_a_move_in_every_phase(event: Event) -> None:
     assert {phase for phase, e in NEXT if e is event} == set(Phase)
 

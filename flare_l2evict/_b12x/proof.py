@@ -337,6 +337,9 @@ class CreditBasis:
     race_jobs: int
     proof: SeamProof | None
     fork: Callable[..., Any] | None = None
+    free_bytes: int | None = None
+    """What was free to torch on the device when the basis was measured
+    (:func:`device_free_bytes`): the credit never exceeds it. ``None`` off CUDA."""
 
 
 def device_l2_bytes(device: torch.device) -> int:
@@ -348,21 +351,34 @@ def device_l2_bytes(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).L2_cache_size)
 
 
+def device_free_bytes(device: torch.device) -> int | None:
+    """What is free to torch on a CUDA device now: the driver's free memory plus what torch's
+    caching allocator holds unused (a host's reservation for the races is part of it).
+    ``None`` off CUDA: no such figure."""
+    if device.type != "cuda":
+        return None
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    free, _total = torch.cuda.mem_get_info(device)
+    unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return max(0, int(free) + unused)
+
+
 def measure_basis(
     device: torch.device, l2_cache_bytes: int | None, settings: L2EvictSettings, race_jobs: int
 ) -> CreditBasis:
-    """L2, window and stock's real per-job buffer on ``device``; raises :class:`InstallError`
-    when b12x fails the proof and has no fork API."""
+    """L2, window, stock's real per-job buffer and the memory free on ``device``, each read
+    once; raises :class:`InstallError` when b12x fails the proof and has no fork API."""
     l2 = device_l2_bytes(device) if l2_cache_bytes is None else l2_cache_bytes
     window = settings.window_bytes(l2)
     fork = fork_api()
     if fork is not None:
         formula = StockBuffer(stock_buffer_bytes(l2), measured=False)
-        basis = CreditBasis(l2, window, formula, race_jobs, None, fork)
+        basis = CreditBasis(l2, window, formula, race_jobs, None, fork, device_free_bytes(device))
     else:
         proof = prove_seam()
-        stock = measure_stock_buffer(proof, device, l2)
-        basis = CreditBasis(l2, window, stock, race_jobs, proof)
+        stock = measure_stock_buffer(proof, device, l2)  # freed again: not in what is free
+        basis = CreditBasis(l2, window, stock, race_jobs, proof, None, device_free_bytes(device))
     if log.isEnabledFor(logging.DEBUG):
         _log_basis(basis, device, settings.window, l2_cache_bytes is not None)
     return basis
@@ -381,8 +397,9 @@ def _log_basis(basis: CreditBasis, device: torch.device, window: object, given: 
             f"binding(s) to redirect; b12x {release}"
         )
     how = "measured" if basis.stock.measured else "formula max(2 x L2, 64 MiB)"
+    free = "" if basis.free_bytes is None else f", {basis.free_bytes:,} bytes free to torch"
     say(log, logging.DEBUG, "flare_l2evict: seam on %s: %s; basis: stock buffer %s bytes per "
-        "race job (%s), window %s bytes (%s), L2 %s bytes (%s), %d race jobs", device, seam,
+        "race job (%s), window %s bytes (%s), L2 %s bytes (%s), %d race jobs%s", device, seam,
         f"{basis.stock.nbytes:,}", how, f"{basis.window_bytes:,}", window,
         f"{basis.l2_cache_bytes:,}", "given" if given else "read from the device",
-        basis.race_jobs)  # fmt: skip
+        basis.race_jobs, free)  # fmt: skip

@@ -26,20 +26,19 @@ def versions() -> tuple[str | None, str | None]:
 
 
 def installed_version(name: str) -> str | None:
-    """The installed distribution's version, or ``None``: found without raising.
+    """The installed distribution's version: ``None`` when it is not installed, or when its
+    metadata names no version (never the text ``"None"``). The one lookup of an installed
+    version, for the runtime and the tools alike; found without raising.
 
-    The one look-up of an installed version, for the runtime and the tools alike. A
-    distribution record without a ``Version`` is ``None`` too, not the text ``'None'``.
     b12x has no distribution of its own where flashinfer-python ships it, so a raise and
     catch here would run on every start-up; no exception is handled on the start-up's
     path (under CPython 3.11 one raised from a trace function inside a handler leaves the
     handled one on the thread, and with it every frame above, the host's weights too).
     """
     for found in importlib.metadata.distributions(name=name):
-        # get_all, not []: a missing key raises from 3.12 on, and says None before it.
-        found_versions = found.metadata.get_all("Version") or [None]
-        version = found_versions[0]
-        return version if isinstance(version, str) and version else None
+        # get_all, not [] or .version: a missing field is None, with no warning (3.12 warns).
+        version = (found.metadata.get_all("Version") or [None])[0]
+        return str.__str__(version) if isinstance(version, str) and version.strip() else None
     return None
 
 

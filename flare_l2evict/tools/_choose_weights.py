@@ -8,7 +8,9 @@ than raising. This composes the same three, so what it chooses is what start-up 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
 
@@ -17,7 +19,7 @@ import torch
 from .._b12x.proof import CreditBasis
 from .._b12x.seam import seam_for
 from .._decision import choose_regions
-from .._errors import InstallError, WeightsError
+from .._errors import InstallError, L2EvictError, WeightsError
 from .._eviction import Kernel, WeightEviction
 from .._log import say
 from .._report import HOST, StartupAudit, Wording
@@ -61,12 +63,17 @@ class Installed:
     owned by this object): the lifetime has that one implementation, none here.
 
     A handle dropped without :meth:`end` is a caller's bug, not a protocol: its start-up
-    still ends (it holds the slot), with one WARNING naming it.
+    still ends (it holds the slot), with one WARNING naming it. A handle is entered once: a
+    second entry (nested, or after its exit) raises one line, as an ``evicting_from`` block's
+    does, so no second exit ends the first entry's install.
     """
 
     def __init__(
         self, choice: WeightChoice, basis: CreditBasis, kernel: Kernel, wording: Wording
     ) -> None:
+        self._entered = threading.Lock()  # taken by the first entry, never given back
+        # A host's hook refused meanwhile names what holds the slot: this, not a model.
+        wording = dataclasses.replace(wording, kind="a tools install")
         token = object()  # how leave() finds this start-up, whatever cut the code below short
         try:
             began = Startup.begin(self, token, wording)
@@ -92,6 +99,12 @@ class Installed:
             raise
 
     def __enter__(self) -> Installed:
+        if not self._entered.acquire(blocking=False):
+            raise L2EvictError(
+                "this install(...) handle was already entered; a handle is entered once, and "
+                "this entry changed nothing; fix: make a new install(...) for each with "
+                "statement"
+            )
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -19,7 +19,14 @@ def active() -> Startup | None:
 def installed() -> Startup | None:
     """The active start-up if it holds an install (races read weights), else ``None``."""
     found = Startup.active()
-    holding = (Phase.INSTALLED, Phase.OFFERING, Phase.CREDITED, Phase.KEPT, Phase.ENDING)
+    holding = (
+        Phase.INSTALLED,
+        Phase.OFFERING,
+        Phase.CREDITED,
+        Phase.KEPT,
+        Phase.ORPHANED,
+        Phase.ENDING,
+    )
     return found if found is not None and found.phase in holding else None
 
 
