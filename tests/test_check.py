@@ -43,14 +43,15 @@ def test_a_bare_check_says_which_device_and_why(capsys: pytest.CaptureFixture[st
         pytest.skip("this machine has CUDA")
     code, out, _ = run(capsys, "check")
     lines = out.splitlines()
-    first, versions, provider = lines[:3]
+    first, config, versions, provider = lines[:4]
     # The file import b12x loads, under the provider line (wrapped there if it is long).
-    imported = " ".join(line.strip() for line in lines[3:5] if line.startswith("    "))
+    imported = " ".join(line.strip() for line in lines[4:6] if line.startswith("    "))
     own = importlib.metadata.version("flare-l2evict")
     assert first == (
         f"flare-l2evict {own} check on cpu (default: no CUDA device here, so profile gb202 "
         "stands in)"
     )
+    assert config == "config: none given: defaults apply"
     flashinfer = importlib.metadata.version("flashinfer-python")
     # b12x ships inside flashinfer-python here, with no distribution record of its own:
     # the provider line names that release, and nothing else repeats it.

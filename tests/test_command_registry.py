@@ -178,3 +178,20 @@ def test_a_command_without_decisions_does_not_promise_decision_lines(
             main([name, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert "how the plugin decided" not in text and f"{name} has none" in text, name
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly() -> None:
+    # `flare-l2evict check | head -2` printed "error: ... Broken pipe (no file)" as if a path
+    # were wrong; a closed stdout is the reader's choice: no line, exit 141 as a shell says it.
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-m", "flare_l2evict", "schema", "check"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()  # the reader leaves before the command writes
+    err = child.stderr.read()
+    assert child.wait(timeout=120) == 141 and err == b"", err

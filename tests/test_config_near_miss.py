@@ -135,3 +135,70 @@ def test_locate_section_gives_its_keys_and_whether_it_was_found() -> None:
         locate_section({"plugins": {"L2evict": {}}})
     with pytest.raises(ConfigError, match=f"more than {MAX_SECTION_KEYS} keys"):
         locate_section({"plugins": {"l2evict": {f"k{i}": 1 for i in range(MAX_SECTION_KEYS + 1)}}})
+
+
+# --- the command line: check, plan and startup say what they found -----------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[plugins.l2evic]\nenabled = false\n", "[plugins.l2evic]"),
+        ("[plugin.l2evict]\nenabled = false\n", "[plugin.l2evict]"),
+        ('{"plugins": {"L2evict": {"enabled": false}}}', "[plugins.L2evict]"),
+    ],
+)
+@pytest.mark.parametrize("command", ["check", "plan", "startup"])
+def test_a_near_miss_in_a_config_file_stops_every_command_in_one_line(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], command: str, text: str, named: str
+) -> None:
+    from flare_l2evict.tools import main
+
+    config = tmp_path / ("deploy.json" if text.startswith("{") else "deploy.toml")
+    config.write_text(text)
+    argv = [command, "--config", str(config), *(["x.safetensors"] if command == "plan" else [])]
+    code = main([*argv, "--plugin", "l2evict"] if command == "startup" else argv)
+    out, err = capsys.readouterr()
+    (line,) = err.splitlines()  # refused before any step: stock b12x untouched, nothing credited
+    assert code == 2 and out == ""
+    assert line.startswith(f"error: flare-l2evict {command}: no [plugins.l2evict] section, but ")
+    assert (
+        f"{named} is near its name" in line and f"fix: rename {named} to [plugins.l2evict]" in line
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "said", "figures"),
+    [
+        (
+            '[plugins.l2evict]\nwindow = "stock"\nenabled = true\n',
+            "config: [plugins.l2evict] found in {}, 2 keys",
+            {"found": True, "keys": 2},
+        ),
+        (
+            "[server]\nport = 1\n",
+            "config: no [plugins.l2evict] in {}: defaults apply",
+            {"found": False, "keys": 0},
+        ),
+        (None, "config: none given: defaults apply", {"file": None, "found": False, "keys": 0}),
+    ],
+)
+def test_check_says_whether_it_found_the_section(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], text: str | None, said: str, figures: Any
+) -> None:
+    from support.json_output import parsed
+
+    from flare_l2evict.tools import main
+
+    config = tmp_path / "deploy.toml"
+    given = [] if text is None else ["--config", str(config)]
+    if text is not None:
+        config.write_text(text)
+    assert main(["check", "--device", "cpu", *given]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rest = itertools.takewhile(lambda line: line.startswith("    "), lines[2:])
+    assert " ".join([lines[1], *(line.strip() for line in rest)]) == said.format(config)
+    main(["check", "--device", "cpu", "--json", *given])
+    found = parsed("check", capsys.readouterr().out)["config"]
+    assert found.items() >= figures.items()
+    assert found["file"] == (None if text is None else str(config))

@@ -9,19 +9,78 @@ raises the same one-line error the later reader would.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
+
+from pydantic import Field, NonNegativeInt
 
 from .._errors import PluginNotFoundError
 from .._markers import ENTRY_POINT_GROUP
 from .._settings import (
     DISABLED as DISABLED,
+    SECTION,
     L2EvictSettings,
+    locate_section,
     read_section,
     settings_from_section,
 )
+from .._text import shown
 from ._headers import missing_checkpoint as missing_checkpoint
+from ._json_output import Output
+
+_SECTION = f"[{'.'.join(SECTION)}]"
+
+
+class ConfigFound(Output):
+    """Where the plugin's settings came from: the config given, and whether it holds the section."""
+
+    file: str | None = Field(description="The --config file read, or null: none was given.")
+    found: bool = Field(
+        description="Whether the config holds [plugins.l2evict]; false: its defaults apply. A "
+        "section whose name is near it is refused (exit 2), never passed over."
+    )
+    keys: NonNegativeInt = Field(description="Keys the section holds (0 when it is not found).")
+
+    def line(self) -> str:
+        """``config: ...``, the line ``check``, ``plan`` and ``startup`` print."""
+        if self.file is None:
+            return "config: none given: defaults apply"
+        where = shown(self.file)
+        if not self.found:
+            return f"config: no {_SECTION} in {where}: defaults apply"
+        return f"config: {_SECTION} found in {where}, {self.keys} key{'s' * (self.keys != 1)}"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A ``--config`` file as a command reads it: the mapping, its settings, where they are from."""
+
+    config: dict[str, Any]
+    settings: L2EvictSettings
+    found: ConfigFound
+
+
+def read_deployment(path: Path | None) -> Deployment:
+    """``--config``'s file (``None``: none given) read and checked, before torch is imported.
+
+    Raises :class:`~flare_l2evict.ConfigError` in one line: a file that cannot be read, a
+    bad key or value, a section over its key cap, or one named near ``[plugins.l2evict]``.
+    """
+    from ._config_file import load_deployment_config
+
+    config = load_deployment_config(path) if path is not None else {}
+    section = locate_section(config)
+    return Deployment(
+        config,
+        settings_from_section(section.keys),
+        ConfigFound(
+            file=None if path is None else str(path),
+            found=section.found,
+            keys=len(section.keys),
+        ),
+    )
 
 
 def installed_plugins() -> list[str]:

@@ -7,6 +7,7 @@ reference (``scripts/command_reference.py``) all come from this list.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -15,6 +16,7 @@ from ..._text import shown
 from . import check, example, plan, schema, startup
 from ._shared import (
     EXIT_INTERRUPTED,
+    EXIT_PIPE_CLOSED,
     EXIT_USAGE,
     PROG,
     Command,
@@ -59,6 +61,9 @@ def main(argv: Sequence[str] | None = None, commands: Sequence[Command] = COMMAN
     except L2EvictError as error:
         _error(command.name, str(error), fix_for(error))
         return EXIT_USAGE
+    except BrokenPipeError:  # `| head` stopped reading: nothing to say, and nowhere to say it
+        _stdout_to_devnull()
+        return EXIT_PIPE_CLOSED
     except KeyboardInterrupt:
         removed = "; temporary files removed" if command.temporary(args) else ""
         _error(command.name, f"interrupted{removed}", "run the command again")
@@ -72,6 +77,14 @@ def main(argv: Sequence[str] | None = None, commands: Sequence[Command] = COMMAN
         return EXIT_USAGE
     finally:
         unroute()
+
+
+def _stdout_to_devnull() -> None:
+    """So that the interpreter's own flush at exit does not fail on the closed pipe again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout without a descriptor (a test's capture)
+        pass
 
 
 def _error(command: str, cause: str, fix: str | None = None) -> None:

@@ -52,6 +52,7 @@ EXIT_INSTALLS: Final = 0
 EXIT_FALLS_BACK: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_INTERRUPTED: Final = 130
+EXIT_PIPE_CLOSED: Final = 141  # 128 + SIGPIPE, as a shell reports a command whose reader left
 USAGE_ERROR = "a usage or input error (one line on stderr: the cause and the fix)"
 INTERRUPTED = "interrupted (Ctrl-C or SIGTERM): one line on stderr"
 

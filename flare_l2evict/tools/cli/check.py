@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, NonNegativeInt
 
 from ..._errors import L2EvictError
 from ..._settings import DISABLED, L2EvictSettings
 from ..._text import shown
+from .._inputs import ConfigFound
 from .._json_output import Output, exit_field, printed, schema_field
 from .._persisting_l2 import PersistingL2
 from .._preflight import (
@@ -64,6 +65,7 @@ class CheckOutput(Output):
     device: str = Field(description="The device judged.")
     device_reason: str = Field(description="Why that device (given, or this machine's default).")
     flare_l2evict: str = Field(description="flare-l2evict's installed version.")
+    config: ConfigFound = Field(description="The config read, and whether it holds the section.")
     versions: CheckVersions = Field(description="Versions installed here.")
     b12x: CheckB12x = Field(description="The b12x provider.")
     supported: CheckSupported = Field(description="What the plugin supports.")
@@ -123,14 +125,12 @@ def _arguments(parser: Parser, _commands: Sequence[Command]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .._config_file import load_deployment_config
     from .._headers import read_checkpoint, refuse_non_safetensors
-    from .._inputs import settings_from_config
+    from .._inputs import read_deployment
 
     # Every input is read before torch is imported and before the first line: bad input is
     # one line on stderr and nothing on stdout, in under a second.
-    deployment: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
-    settings = settings_from_config(deployment)
+    deployment = read_deployment(args.config)
     refuse_non_safetensors(args.checkpoint)
     headers = read_checkpoint(list(args.checkpoint)) if args.checkpoint else None
     if args.races and args.device is not None and not args.device.startswith("cuda"):
@@ -158,7 +158,8 @@ def _run(args: argparse.Namespace) -> int:
         device=usable_device(device),
         device_reason=reason,
         profile=profile_of(args),
-        settings=settings,
+        settings=deployment.settings,
+        config=deployment.found,
         headers=headers,
         as_json=args.json,
         races=args.races,
@@ -171,6 +172,7 @@ def run_check(
     device_reason: str,
     profile: DeviceProfile,
     settings: L2EvictSettings | None = None,
+    config: ConfigFound | None = None,
     headers: list[TensorHeader] | None = None,
     as_json: bool = False,
     races: bool = False,
@@ -182,16 +184,18 @@ def run_check(
     back, or, with ``races`` (CUDA only), changed more race winners than stock's re-run.
     ``device_reason`` says why this device was checked; the first line says it.
     ``profile`` gives the race jobs, and L2 and memory off CUDA; ``settings`` the config's
-    section (default: an empty one).
+    section, and ``config`` where it came from (default: none given, defaults apply).
     """
     from ..._clock import Clock
     from .._preflight import basis, memory_bytes, provider, storage_and_credit
     from . import own_version
 
     settings = L2EvictSettings() if settings is None else settings
+    config = ConfigFound(file=None, found=False, keys=0) if config is None else config
     lines = Lines(quiet=as_json)
     own = own_version()
     lines.line(f"flare-l2evict {own} check on {device} ({device_reason})")
+    lines.line(config.line())
     steps = Clock()
     with steps.step("provider"):
         found = provider(lines)
@@ -237,6 +241,7 @@ def run_check(
         device=str(device),
         device_reason=device_reason,
         flare_l2evict=own,
+        config=config,
         versions=found.versions,
         b12x=found.b12x,
         supported=found.supported,

@@ -13,6 +13,7 @@ from pydantic import Field, NonNegativeInt
 from ..._errors import L2EvictError
 from ..._settings import DISABLED
 from ..._text import shown
+from .._inputs import ConfigFound
 from .._json_output import Output, exit_field, printed, schema_field
 from .._plan import NAME_LIMIT, PlanRank
 from ._shared import (
@@ -49,6 +50,7 @@ class PlanOutput(Output):
     estimate: str | None = Field(
         description="How an unsharded checkpoint was split across ranks; null when exact."
     )
+    config: ConfigFound = Field(description="The config read, and whether it holds the section.")
     name_limit: NonNegativeInt = Field(
         default=NAME_LIMIT, description="Characters a tensor name is cut to."
     )
@@ -87,12 +89,12 @@ def _arguments(parser: Parser, _commands: Sequence[Command]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .._config_file import load_deployment_config
     from .._headers import read_checkpoint, refuse_non_safetensors
-    from .._inputs import settings_from_config
+    from .._inputs import read_deployment
     from .._plan import kv_tokens, plan_ranks, shard_of, split_evenly
 
-    settings = settings_from_config(load_deployment_config(args.config) if args.config else {})
+    deployment = read_deployment(args.config)
+    settings = deployment.settings
     profile = profile_of(args)
     refuse_non_safetensors(args.checkpoint)
     started = time.perf_counter()
@@ -132,6 +134,7 @@ def _run(args: argparse.Namespace) -> int:
         tensors=sum(map(len, headers)),
         files=len({t.file for tensors in headers for t in tensors}),
         estimate=estimate,
+        config=deployment.found,
         seconds=round(elapsed, 4),
         exit_code=code,
     )
@@ -148,6 +151,8 @@ def _run(args: argparse.Namespace) -> int:
         f"profile {profile.name} (L2 {size_text(profile.l2_cache_bytes)}, {profile.race_jobs} "
         f"race jobs); {args.kv_bytes_per_token} bytes per KV token"
     )
+    if args.config is not None:
+        print(wrapped(output.config.line()))
     if output.estimate:
         print(wrapped(output.estimate))
     print()

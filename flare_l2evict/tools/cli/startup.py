@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from ..._text import shown
+from .._inputs import ConfigFound
 from .._json_output import Output, exit_field, printed, schema_field
 from .._startup_arm import StartupArm
 from ._shared import (
@@ -43,6 +44,7 @@ class StartupOutput(Output):
     """``flare-l2evict startup --json``: the reference host's start-up without and with plugins."""
 
     schema_version: Literal[3] = schema_field()
+    config: ConfigFound = Field(description="The config read, and whether it holds the section.")
     without: StartupArm = Field(description="The start-up without plugins.")
     with_: StartupArm = Field(alias="with", description="The start-up with the named plugins.")
     exit_code: Literal[0, 1] = exit_field()
@@ -86,22 +88,21 @@ def _arguments(parser: Parser, _commands: Sequence[Command]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .._config_file import load_deployment_config
     from .._headers import refuse_non_safetensors
-    from .._inputs import refuse_unknown_plugins, refuse_unreadable_checkpoint, settings_from_config
+    from .._inputs import read_deployment, refuse_unknown_plugins, refuse_unreadable_checkpoint
 
     # Every input is checked before torch is imported: a typo is answered in under a second.
-    config: dict[str, Any] = load_deployment_config(args.config) if args.config else {}
+    # A bad section (or one named near [plugins.l2evict]) stops here, in one line.
+    deployment = read_deployment(args.config)
     ours = "l2evict" in args.plugin
-    # A bad section stops here, with its one-line message.
-    enabled = settings_from_config(config).enabled if ours else False
+    enabled = deployment.settings.enabled if ours else False
     refuse_unknown_plugins(args.plugin)
     refuse_non_safetensors(args.checkpoint)
     refuse_unreadable_checkpoint(args.checkpoint)
     profile = profile_of(args)
     refuse_cuda_without_driver(args.device)
     device = usable_device(args.device)
-    before, after = _start_ups(args, config, device)
+    before, after = _start_ups(args, deployment.config, device)
     if after.report is not None:
         log_steps("startup's before_first_capture", after.report.seconds)
     # Fell back: asked for, enabled, and never installed (its WARNING line says why). A
@@ -109,7 +110,9 @@ def _run(args: argparse.Namespace) -> int:
     code: Literal[0, 1] = EXIT_FALLS_BACK if enabled and not after.installed else EXIT_INSTALLS
     settled()
     if args.json:
-        output = StartupOutput.model_validate({"without": before, "with": after, "exit_code": code})
+        output = StartupOutput.model_validate(
+            {"config": deployment.found, "without": before, "with": after, "exit_code": code}
+        )
         print(printed(output))
         return code
     what = shown(" ".join(map(str, args.checkpoint))) if args.checkpoint else "embedded example"
@@ -118,6 +121,8 @@ def _run(args: argparse.Namespace) -> int:
         f"({size_text(before.memory_bytes)}, L2 {size_text(before.l2_cache_bytes)}, "
         f"{profile.race_jobs} race jobs); {args.kv_bytes_per_token} bytes per KV token"
     )
+    if args.config is not None:
+        header += f"\n{deployment.found.line()}"
     if args.kv_sizing == "measured":
         held = "race peak" if device.type == "cuda" else "L2 eviction storage"
         header += f"\nKV cache sized by measurement after the races: memory - loaded - {held}"
