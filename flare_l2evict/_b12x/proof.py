@@ -401,5 +401,6 @@ def _log_basis(basis: CreditBasis, device: torch.device, window: object, given: 
     say(log, logging.DEBUG, "flare_l2evict: seam on %s: %s; basis: stock buffer %s bytes per "
         "race job (%s), window %s bytes (%s), L2 %s bytes (%s), %d race jobs%s", device, seam,
         f"{basis.stock.nbytes:,}", how, f"{basis.window_bytes:,}", window,
-        f"{basis.l2_cache_bytes:,}", "given" if given else "read from the device",
+        f"{basis.l2_cache_bytes:,}",
+        "the caller's figure" if given else "read from the device",
         basis.race_jobs, free)  # fmt: skip

@@ -23,6 +23,7 @@ from ._shared import (
     add_config_flag,
     add_profile_flags,
     device_text,
+    log,
     log_steps,
     profile_of,
     refuse_cuda_without_driver,
@@ -154,6 +155,14 @@ def _start_ups(
         "kv_sizing": args.kv_sizing,
     }
     jobs = f"{profile.race_jobs:,} race job{'s' * (profile.race_jobs != 1)}"
+    if device.type != "cuda":  # the plugin's own -v line calls it the caller's figure
+        log.debug(
+            "flare-l2evict startup: the %s profile stands in for the device: L2 %s bytes "
+            "(passed as runtime.l2_cache_bytes), memory %s bytes",
+            profile.name,
+            f"{profile.l2_cache_bytes:,}",
+            f"{profile.memory_bytes:,}",
+        )
     label = " ".join(f"--plugin {name}" for name in args.plugin) or "with no --plugin"
     with tempfile.TemporaryDirectory(prefix="flare-l2evict-") as scratch:
         if args.checkpoint:
