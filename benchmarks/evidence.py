@@ -16,7 +16,6 @@ Every raw figure is kept under DIR; the table is printed last. Figures only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -28,12 +27,13 @@ from benchmarks.bench._hook_cost import (
     triton_lines,
     triton_start_times,
 )
+from flare_l2evict.tools.cli._shared import Parser
 
 NAMES = (*_coldness.CLAIM, *_coldness.WHY, *_coldness.REFERENCES)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = Parser(prog="python -m benchmarks.evidence")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--hook", action="store_true")
     parser.add_argument("--coldness", type=int, default=0)

@@ -32,7 +32,6 @@ Figures only: nothing here asserts.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -48,6 +47,7 @@ from typing import Any
 import torch
 
 from flare_l2evict.tools._origin import stock_row
+from flare_l2evict.tools.cli._shared import Parser
 
 from ._child import child_env
 
@@ -667,7 +667,7 @@ def ncu_lines(results: Sequence[dict[str, Any]], names: Sequence[str] = CLAIM) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench._coldness")
+    parser = Parser(prog="python -m benchmarks.bench._coldness")
     sub = parser.add_subparsers(dest="command", required=True)
     timed = sub.add_parser("timed", help="one process's timed coldness, as JSON")
     timed.add_argument("--out", type=Path, required=True)
