@@ -22,7 +22,7 @@ from . import _core, _request
 from ._errors import L2EvictError, reason_of
 from ._report import PROGRAM, ReclaimReport
 from ._request import OutOfBounds, Placement, Request
-from ._settings import ALLOWED, L2EvictSettings
+from ._settings import ALLOWED, L2EvictSettings, on_error_raises
 from ._startup import Startup
 from ._text import described_value, literal
 
@@ -52,8 +52,8 @@ class BlockArguments:
 
     @property
     def raising(self) -> bool:
-        """Whether the program asked for ``on_error = "raise"`` (the plain ``str`` itself)."""
-        return type(self.on_error) is str and self.on_error == "raise"
+        """Whether the program asked for ``on_error = "raise"``: :func:`on_error_raises`."""
+        return on_error_raises(self.on_error)
 
 
 class _Refusal(Exception):
@@ -137,7 +137,7 @@ def _request_of(block: _Block, tensors: object, given: BlockArguments) -> Reques
         wording=PROGRAM,
         placement=Placement(str(device)),
         settings=settings,
-        raising=settings.on_error == "raise",
+        raising=settings.raising,
         device=device,
         race_jobs=jobs,
         l2_cache_bytes=l2,

@@ -75,6 +75,7 @@ from flare_l2evict import (
     _program,
 )
 from flare_l2evict._b12x import seam
+from flare_l2evict._errors import FallbackError
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._startup import Startup
 from flare_l2evict.tools.reference_host import (
@@ -710,6 +711,7 @@ def test_on_error_raise_raises_on_every_fallback(case: str) -> None:
     host = make()
     with pytest.raises(L2EvictError, match="on_error = 'raise'") as raised:
         hook(host)
+    assert type(raised.value) is FallbackError  # the one class the hook lets through
     assert cause in str(raised.value) and "\n" not in str(raised.value)
     assert host.kv_allocator.reclaimed_bytes == 0
     assert installed() is None and not seam_is_ours()
