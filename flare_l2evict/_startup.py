@@ -25,11 +25,10 @@ first (an ``offer`` after a restore is refused), or the event has nothing left t
 What follows a move is read off the phase it lands on, in one place
 (:meth:`Startup._after`, as h11's ``_fire_state_triggered_transitions``): FELL_BACK and
 ENDED put stock b12x back, and ENDED frees the slot too. INSTALLING, FALLING_BACK and
-ENDING are the start-up's own thread inside a
-step (changing b12x, or in the allocator's ``add_reclaimed``): a restore or an end that
-arrives then (from a signal handler on that thread, or another thread during the offer)
-is recorded in the phase, and the step carries it out as it leaves. So no undo runs
-between a change's registration and the change itself.
+ENDING are the start-up's own thread inside a step (changing b12x, or in the allocator's
+``add_reclaimed``): a restore or an end that arrives then (from a signal handler on that
+thread, or from another thread) is recorded in the phase, and the step carries it out as
+it leaves. So no undo runs between a change's registration and the change itself.
 
 Invariants the KV allocator relies on:
 
@@ -349,8 +348,9 @@ class Startup:
         active = cls._active
         if active is None:
             return
-        # The threads that claimed undo steps are not in the child (this one's claims, if it
-        # forked from inside an undo step, end with that step): nobody would run them there.
+        # The threads that claimed undo steps are not in the child: nobody would run their
+        # claims there, and the slot would never be freed. (This thread's own claim, if it
+        # forked inside an undo step, goes too; dropping it after the step is then a no-op.)
         active._claimed.clear()
         if active.thread == threading.get_ident():
             return
