@@ -23,7 +23,7 @@ from ._b12x.seam import Mechanism, seam_for
 from ._clock import Clock
 from ._credit import WORD, Credit, credit
 from ._decision import choose_regions
-from ._errors import L2EvictError, RuntimeContractError, reason_of
+from ._errors import FallbackError, RuntimeContractError, reason_of
 from ._eviction import WeightEviction
 from ._log import say
 from ._report import ReclaimReport, RegionRead
@@ -48,8 +48,8 @@ class RankCredit:
 
 
 def start(request: Request | Refused) -> ReclaimReport:
-    """One start-up for ``request``; never raises an ``Exception`` but :class:`L2EvictError`
-    under ``on_error = "raise"``."""
+    """One start-up for ``request``; never raises an ``Exception`` but :func:`faulted`'s
+    :class:`FallbackError` under ``on_error = "raise"``."""
     token = object()  # how leave() finds this start-up, whatever cut the code below short
     report: ReclaimReport | None = None
     escaped = True
@@ -60,9 +60,9 @@ def start(request: Request | Refused) -> ReclaimReport:
         else:
             report = _run(began, request, Clock())
         escaped = False
+    except FallbackError:
+        raise  # on_error = "raise": faulted's own, after the start-up was decided
     except Exception as error:
-        if issubclass(type(error), L2EvictError):
-            raise  # on_error = "raise"
         reason = f"internal error in flare_l2evict ({reason_of(error)})"
         report = faulted(_zero(request.placement, reason), raising=request.raising, cause=error)
         escaped = False
@@ -90,8 +90,9 @@ def faulted(
       its WARNING line is logged whatever follows, since the host may have applied it;
     * a ``cause`` that is no ``Exception`` (``KeyboardInterrupt``, ``SystemExit``) is the host's:
       raised again;
-    * ``raising`` (``on_error = "raise"``): one :class:`L2EvictError` naming the reason (when
-      nothing stands, not logged as well: the host logs or prints the raise);
+    * ``raising`` (``on_error = "raise"``): one :class:`FallbackError` (an
+      :class:`L2EvictError`) naming the reason (when nothing stands, not logged as well: the
+      host logs or prints the raise);
     * otherwise: one WARNING line (stock b12x kept) and the report.
     """
     if disabled:
@@ -105,13 +106,13 @@ def faulted(
     if cause is not None and not issubclass(type(cause), Exception):
         raise cause
     if raising and stands:
-        raise L2EvictError(
+        raise FallbackError(
             f"kv_allocator.add_reclaimed raised {report.allocator_error} and on_error = "
             "'raise'; the eviction stays installed until startup_complete, since the "
             "credit may have been applied"
         ) from cause
     if raising:
-        raise L2EvictError(f"l2evict failed and on_error = 'raise': {report.reason}") from cause
+        raise FallbackError(f"l2evict failed and on_error = 'raise': {report.reason}") from cause
     return report
 
 

@@ -37,6 +37,11 @@ class RuntimeContractError(L2EvictError):
     """The host's ``runtime`` lacks an attribute of the contract, or holds one out of range."""
 
 
+class FallbackError(L2EvictError):
+    """A fallback that ``on_error = "raise"`` turns into an exception: raised by
+    ``_core.faulted`` alone, the one exception a start-up lets through to its caller."""
+
+
 def reason_of(error: BaseException) -> str:
     """One line: our own errors as they are, anything else with its type; never raises."""
     if issubclass(type(error), L2EvictError):

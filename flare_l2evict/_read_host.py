@@ -18,7 +18,7 @@ from . import _request
 from ._errors import RuntimeContractError
 from ._report import HOST
 from ._request import KVSizing, OutOfBounds, Placement, Refused, Request, whole_number
-from ._settings import L2EvictSettings, read_section, settings_from_section, wants_raise
+from ._settings import L2EvictSettings, on_error_raises, read_section, settings_from_section
 from ._text import described, described_value
 from .hookspecs import RUNTIME_ATTRIBUTES
 
@@ -150,9 +150,9 @@ def request_from(runtime: object) -> Request | Refused:
         if config is not None and not isinstance(config, Mapping):
             raise seen.bad("config", "the deployment config as a mapping")
         section = read_section(config)
-        raising = wants_raise(section)
+        raising = on_error_raises(section.get("on_error"))  # before validation: its faults too
         settings = settings_from_section(section)
-        raising = settings.on_error == "raise"
+        raising = settings.raising
         return _checked(runtime, seen, where, settings, raising)
     except Exception as error:
         # Its traceback would hold this frame, and through it the host's objects.

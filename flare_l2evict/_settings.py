@@ -75,6 +75,11 @@ class L2EvictSettings(BaseModel):
     exclude: tuple[str, ...] = ()
     on_error: Literal["fallback", "raise"] = "fallback"
 
+    @property
+    def raising(self) -> bool:
+        """Whether a fallback raises (``on_error = "raise"``): :func:`on_error_raises`."""
+        return on_error_raises(self.on_error)
+
     def window_bytes(self, l2_cache_bytes: int) -> int:
         """The bytes each eviction reads with this L2 size (``"stock"``: stock's buffer's)."""
         return stock_buffer_bytes(l2_cache_bytes) if self.window == "stock" else int(self.window)
@@ -274,7 +279,8 @@ def settings_from_section(section: Mapping[str, Any]) -> L2EvictSettings:
         raise ConfigError(_one_line(error, section)) from None
 
 
-def wants_raise(section: Mapping[str, Any]) -> bool:
-    """Whether the section's ``on_error`` is the plain str ``"raise"`` (not just equal to it)."""
-    value = section.get("on_error")
-    return type(value) is str and value == "raise"
+def on_error_raises(on_error: object) -> bool:
+    """Whether an ``on_error`` value asks for a raise: the plain str ``"raise"``, not a subclass
+    or anything else merely equal to it. The one spelling of the rule, for a section's raw
+    value (before it is validated), a program's argument and a validated setting alike."""
+    return type(on_error) is str and on_error == "raise"

@@ -22,13 +22,13 @@ form ``docs/internals.md`` draws them (a test holds the two to the table).
 Every other pair in the table leaves the phase as it is: a restore or an end came
 first (an ``offer`` after a restore is refused), or the event has nothing left to do.
 
-What follows a move is read off the phase it lands on: ENDED closes the start-up
-(stock b12x back, the weights released, the slot free); FELL_BACK after an install
-restores. INSTALLING, FALLING_BACK and ENDING are the start-up's own thread inside a
-step (changing b12x, or in the allocator's ``add_reclaimed``): a restore or an end that
-arrives then (from a signal handler on that thread, or another thread during the offer)
-is recorded in the phase, and the step carries it out as it leaves. So no undo runs
-between a change's registration and the change itself.
+What follows a move is read off the phase it lands on, in one place
+(:meth:`Startup._after`, as h11's ``_fire_state_triggered_transitions``): FELL_BACK and
+ENDED put stock b12x back, and ENDED frees the slot too. INSTALLING, FALLING_BACK and
+ENDING are the start-up's own thread inside a step (changing b12x, or in the allocator's
+``add_reclaimed``): a restore or an end that arrives then (from a signal handler on that
+thread, or from another thread) is recorded in the phase, and the step carries it out as
+it leaves. So no undo runs between a change's registration and the change itself.
 
 Invariants the KV allocator relies on:
 
@@ -110,7 +110,7 @@ class Event(enum.Enum):
     FORKED = "forked"  # a child process, without the thread that ran the start-up
 
 
-def _table(moves: str, stays: dict[Event, tuple[Phase, ...]]) -> dict[tuple[Phase, Event], Phase]:
+def _table(moves: str, stays: dict[Event, frozenset[Phase]]) -> dict[tuple[Phase, Event], Phase]:
     """The table from :data:`_MOVES`' lines, plus the pairs that leave the phase as it is."""
     table: dict[tuple[Phase, Event], Phase] = {}
     for line in moves.strip().splitlines():
@@ -127,8 +127,9 @@ _MOVES = """
     BEGUN         --restore-->    FELL_BACK
     BEGUN         --end-->        ENDED
     BEGUN         --forked-->     ENDED
+    BEGUN         --settle-->     FELL_BACK
     INSTALLING    --installed-->  INSTALLED
-    INSTALLING    --settle-->     INSTALLED
+    INSTALLING    --settle-->     FELL_BACK
     INSTALLING    --restore-->    FALLING_BACK
     INSTALLING    --end-->        ENDING
     INSTALLING    --forked-->     ENDED
@@ -137,6 +138,7 @@ _MOVES = """
     FALLING_BACK  --end-->        ENDING
     FALLING_BACK  --forked-->     ENDED
     INSTALLED     --keep-->       KEPT
+    INSTALLED     --settle-->     FELL_BACK
     INSTALLED     --offer-->      OFFERING
     INSTALLED     --restore-->    FELL_BACK
     INSTALLED     --end-->        ENDED
@@ -150,8 +152,6 @@ _MOVES = """
     CREDITED      --end-->        ENDED
     KEPT          --restore-->    CUT_SHORT
     KEPT          --end-->        ENDED
-    BEGUN         --escape-->     ENDED
-    INSTALLED     --escape-->     ENDED
     FELL_BACK     --escape-->     ENDED
     KEPT          --escape-->     ORPHANED
     ORPHANED      --restore-->    ENDED
@@ -164,16 +164,35 @@ _MOVES = """
     FELL_BACK     --end-->        ENDED
 """
 """Every move of the phase, ``PHASE --event--> NEXT``; any other pair in :data:`NEXT` stays."""
-_ALL = tuple(Phase)
+
+# The phase sets the methods test, each named once.
+_ALL = frozenset(Phase)
+_OVER = frozenset({Phase.FELL_BACK, Phase.ENDED})
+"""Stock b12x is back (or going back) and nothing is credited: an install, a keep or an offer
+is refused, and what follows a move here is a restore (:meth:`Startup._after`)."""
+_UNAUDITED = frozenset({Phase.BEGUN, *_OVER})
+"""An end has nothing to audit: nothing was installed, or it was undone with nothing
+credited, or another call is closing the start-up."""
+_MEASURED = frozenset({Phase.KEPT, Phase.ORPHANED})
+"""Installed for a host that sizes its KV cache by measurement: nothing credited."""
+_STANDS = frozenset({Phase.OFFERING, Phase.CREDITED, Phase.ENDING, Phase.CUT_SHORT, *_MEASURED})
+"""Phases in which the host relies on the install: its allocator may hold the credit, or
+(:data:`_MEASURED`) its measured KV cache counts on the races reading weights."""
+_MID_STEP = frozenset({Phase.INSTALLING, Phase.FALLING_BACK, Phase.ENDING})
+"""The start-up's own thread is inside a step: what a restore asks for waits for it to leave."""
+_HOLDING = frozenset({Phase.INSTALLED, Phase.OFFERING, Phase.CREDITED, Phase.ENDING, *_MEASURED})
+"""An install stands: the races read the weights."""
+_OFFER_OVER = frozenset({Phase.CREDITED, Phase.CUT_SHORT, Phase.ENDED})
+"""The allocator's call is over, or a second run of its transition has nothing left to do."""
+
 NEXT = _table(
     _MOVES,
     {
         # Refused: a restore or an end came first.
-        Event.INSTALL: (Phase.FELL_BACK, Phase.ENDED),
-        Event.KEEP: (Phase.FELL_BACK, Phase.ENDED),
-        Event.OFFER: (Phase.FELL_BACK, Phase.ENDED),
-        # Nothing left to do (a second run of a transition an exception cut short, too).
-        Event.OFFERED: (Phase.CREDITED, Phase.CUT_SHORT, Phase.ENDED),
+        Event.INSTALL: _OVER,
+        Event.KEEP: _OVER,
+        Event.OFFER: _OVER,
+        Event.OFFERED: _OFFER_OVER,
         # Whatever the phase: these never raise.
         Event.RESTORE: _ALL,
         Event.END: _ALL,
@@ -183,14 +202,6 @@ NEXT = _table(
     },
 )
 """(phase, event) -> the next phase: every move a start-up can make, and nothing else."""
-
-_MEASURED = frozenset({Phase.KEPT, Phase.ORPHANED})
-"""Installed for a host that sizes its KV cache by measurement: nothing credited."""
-_STANDS = frozenset({Phase.OFFERING, Phase.CREDITED, Phase.ENDING, Phase.CUT_SHORT, *_MEASURED})
-"""Phases in which the host relies on the install: its allocator may hold the credit, or
-(:data:`_MEASURED`) its measured KV cache counts on the races reading weights."""
-_MID_STEP = frozenset({Phase.INSTALLING, Phase.FALLING_BACK, Phase.ENDING})
-"""The start-up's own thread is inside a step: what a restore asks for waits for it to leave."""
 
 
 class PhaseError(RuntimeError):
@@ -337,13 +348,13 @@ class Startup:
         active = cls._active
         if active is None:
             return
-        # The threads that claimed undo steps are not in the child (this one's claims, if it
-        # forked from inside an undo step, end with that step): nobody would run them there.
+        # The threads that claimed undo steps are not in the child: nobody would run their
+        # claims there, and the slot would never be freed. (This thread's own claim, if it
+        # forked inside an undo step, goes too; dropping it after the step is then a no-op.)
         active._claimed.clear()
         if active.thread == threading.get_ident():
             return
-        if active._step(Event.FORKED) is Phase.ENDED:
-            active._close()
+        active._after(active._step(Event.FORKED))
 
     # -- transitions --------------------------------------------------------------------------
 
@@ -370,10 +381,7 @@ class Startup:
         finally:
             with self._lock:
                 now = self._step(Event.INSTALLED)
-        if now is Phase.ENDED:
-            self._close()
-        elif now is Phase.FELL_BACK:
-            self.restore()
+        self._after(now)
 
     def keep(self) -> bool:
         """INSTALLED -> KEPT: the races read the weights until the end and nothing is credited
@@ -412,8 +420,7 @@ class Startup:
             if why is not None and self.allocator_error is None:
                 self.allocator_error = why
             now = self._step(Event.OFFERED)
-        if now is Phase.ENDED:
-            self._close()
+        self._after(now)
         return now is Phase.ENDED
 
     @_resumed
@@ -432,9 +439,13 @@ class Startup:
             now = self._step(Event.SETTLE)
             if escaped:
                 now = self._step(Event.ESCAPE)
-        if now is Phase.ENDED:
-            self._close()
-        elif now in (Phase.BEGUN, Phase.INSTALLED, Phase.FELL_BACK):
+        self._after(now)
+
+    def _after(self, now: Phase) -> None:
+        """What follows a move, read off the phase it landed on: the one place that decides
+        it. :data:`_OVER` (FELL_BACK, ENDED) puts stock b12x back, and an ENDED start-up's
+        restore frees the slot (:meth:`_vacate`); no other phase has anything to follow."""
+        if now in _OVER:
             self.restore()
 
     def restore(self) -> None:
@@ -566,25 +577,20 @@ class Startup:
             if refused:
                 audit = StartupAudit(mechanism="none", refused=active._refusal(ender))
             else:
-                kept = active.phase not in (Phase.BEGUN, Phase.FELL_BACK, Phase.ENDED)
-                audit = active.audit() if kept else StartupAudit(mechanism="none")
+                audited = active.phase not in _UNAUDITED
+                audit = active.audit() if audited else StartupAudit(mechanism="none")
                 now = active._step(Event.END)
         if refused:  # logged outside the lock: a log handler is the host's code
             say(log, logging.WARNING, "flare_l2evict: %s", audit.refused)
             return audit
         if ended:
-            active._close()  # idempotent: finishes what the first call began
+            active._after(Phase.ENDED)  # idempotent: finishes what the first call began
             return audit
         try:
-            if now is Phase.ENDED:
-                active._close()
+            active._after(now)
         finally:
             active._log_audit(audit)
         return audit
-
-    def _close(self) -> None:
-        """After ENDED: stock b12x back, the weights released, the slot free for the next."""
-        self.restore()  # ENDED: its last step frees the slot (_vacate)
 
     def _refusal(self, ender: object) -> str:
         whose = "None" if ender is None else "a runtime that began no start-up in progress here"
@@ -650,9 +656,7 @@ class Startup:
         name = shown(repr(eviction.source_name), 120)
         mechanism = self._seam.mechanism if self._seam is not None else "none"
         state = (
-            self.phase.value
-            if self.phase in (Phase.FELL_BACK, Phase.ENDED)
-            else (f"reads {eviction.read_bytes:,} bytes")
+            self.phase.value if self.phase in _OVER else (f"reads {eviction.read_bytes:,} bytes")
         )
         return f"Startup({mechanism}, {name} on {eviction.device}, {state})"
 

@@ -328,3 +328,24 @@ def test_a_bad_mapping_is_named_in_the_programs_words(
         assert "resident_tensors" not in line and "before_first_capture" not in line, line
         assert "runtime." not in line and "startup_complete" not in line, line
     assert installed() is None
+
+
+def test_a_block_dropped_before_its_exit_ends_its_start_up_and_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 42: as a TemporaryDirectory left uncleaned does, a block entered and dropped
+    # without its exit warns (ResourceWarning) besides its WARNING line, so no test can
+    # drop one and pass; one whose exit ran is dropped without a word.
+    tensors = weights()
+    block = flare_l2evict.evicting_from(tensors, race_jobs=JOBS, l2_cache_bytes=L2)
+    assert block.__enter__().reclaimed_bytes == CREDIT and seam_is_ours()
+    with (
+        caplog.at_level(logging.WARNING, logger="flare_l2evict"),
+        pytest.warns(ResourceWarning, match="an evicting_from block dropped before its exit"),
+    ):
+        del block
+        gc.collect()
+    assert not seam_is_ours() and installed() is None
+    assert "dropped before its exit ran" in caplog.text
+    with flare_l2evict.evicting_from(tensors, race_jobs=JOBS, l2_cache_bytes=L2) as again:
+        assert again.reclaimed_bytes == CREDIT

@@ -134,3 +134,22 @@ def test_the_passive_parts_take_no_callback_into_the_start_up() -> None:
         if text in path.read_text(encoding="utf-8")
     ]
     assert found == [], found
+
+
+def test_only_faulted_raises_the_fallback_error_and_the_raise_rule_is_spelled_once() -> None:
+    # Issue 42: start() let every L2EvictError through (`issubclass(type(error), L2EvictError)`);
+    # it now lets through the one class only _core.faulted raises. And on_error = "raise" was
+    # read three ways (_settings.wants_raise, BlockArguments.raising, `== "raise"`).
+    raising, spelled = [], []
+    for path in _runtime_modules():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.Raise) and "FallbackError" in ast.unparse(node):
+                    raising.append(f"{path.name}:{function.name}")
+                if isinstance(node, ast.Compare) and "'raise'" in ast.unparse(node):
+                    spelled.append(f"{path.name}:{function.name}")
+    assert sorted(set(raising)) == ["_core.py:faulted"]
+    assert spelled == ["_settings.py:on_error_raises"]

@@ -6,6 +6,7 @@ import gc
 import logging
 import sys
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -129,8 +130,10 @@ def test_a_dropped_installation_warns_once_naming_it_and_ends(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
-        install(choice(), basis(prove_seam()))  # the handle is dropped at once
-        gc.collect()
+        with pytest.warns(ResourceWarning, match=r"implicitly ended Startup\(stock-seam") as got:
+            install(choice(), basis(prove_seam()))  # the handle is dropped at once
+            gc.collect()
+    assert len([w for w in got if w.category is ResourceWarning]) == 1  # besides the line
     dropped = [r for r in caplog.records if "dropped without end()" in r.getMessage()]
     assert len(dropped) == 1 and dropped[0].levelno == logging.WARNING
     assert "Startup(stock-seam, 'w' on cpu" in dropped[0].getMessage()
@@ -145,8 +148,10 @@ def test_an_ended_installation_dropped_later_says_nothing(
         with install(choice(), basis(prove_seam())) as installation:
             pass
         installation.end()  # ending again changes nothing
-        del installation
-        gc.collect()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResourceWarning)  # raised here if one were warned
+            del installation
+            gc.collect()
     assert "dropped" not in caplog.text and active() is None
 
 

@@ -75,6 +75,7 @@ from flare_l2evict import (
     _program,
 )
 from flare_l2evict._b12x import seam
+from flare_l2evict._errors import FallbackError
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._startup import Startup
 from flare_l2evict.tools.reference_host import (
@@ -551,12 +552,17 @@ def test_a_signal_at_any_line_of_the_tools_install_never_strands_state() -> None
     for target in lines:
         where = f"raise at {target[0].rsplit('/', 2)[-1]}:{target[1]} of the tools' install"
         trace, fired = _at(target, _raise(where))
-        _tools_install(trace)
-        assert fired, f"{where}: the line was never reached"
-        for generation in (1, 2):  # a handle whose exit was cut short ends when collected
-            if Startup.active() is not None:
-                gc.collect(generation)
+        # A handle whose exit was cut short ends when it is dropped, and says so: recorded.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            _tools_install(trace)
+            assert fired, f"{where}: the line was never reached"
+            for generation in (1, 2):
+                if Startup.active() is not None:
+                    gc.collect(generation)
         assert not seam_is_ours() and Startup.active() is None, where
+        warned = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        assert len(warned) <= 1 and all("implicitly ended" in w for w in warned), (where, warned)
         _a_fresh_start_up_credits(where)
 
 
@@ -710,6 +716,7 @@ def test_on_error_raise_raises_on_every_fallback(case: str) -> None:
     host = make()
     with pytest.raises(L2EvictError, match="on_error = 'raise'") as raised:
         hook(host)
+    assert type(raised.value) is FallbackError  # the one class the hook lets through
     assert cause in str(raised.value) and "\n" not in str(raised.value)
     assert host.kv_allocator.reclaimed_bytes == 0
     assert installed() is None and not seam_is_ours()
@@ -1026,12 +1033,15 @@ def test_an_exception_at_the_entry_of_a_blocks_exit_still_ends_its_start_up() ->
         return None
 
     weights = torch.zeros(64 * MiB // 4)
-    with pytest.raises(Interrupt):
-        with flare_l2evict.evicting_from({"w": weights}, race_jobs=JOBS, l2_cache_bytes=L2) as r:
-            assert r.reclaimed_bytes > 0 and seam_is_ours()
-            sys.settrace(tracer)
-    sys.settrace(None)
-    gc.collect()
+    with pytest.warns(ResourceWarning, match="an evicting_from block dropped before its exit"):
+        with pytest.raises(Interrupt):
+            with flare_l2evict.evicting_from(
+                {"w": weights}, race_jobs=JOBS, l2_cache_bytes=L2
+            ) as r:
+                assert r.reclaimed_bytes > 0 and seam_is_ours()
+                sys.settrace(tracer)
+        sys.settrace(None)
+        gc.collect()  # the block, whose exit never ran, ends its start-up: said, not silent
     assert fired and not seam_is_ours()
     assert installed() is None and Startup.active() is None
     with flare_l2evict.evicting_from({"w": weights}, race_jobs=JOBS, l2_cache_bytes=L2) as again:

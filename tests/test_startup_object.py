@@ -464,7 +464,10 @@ def test_a_tools_installation_dropped_without_end_frees_the_slot(
     chosen = choose_weights(tensors, "cpu", MiB)
     installed_by_tool = install(chosen, measure_basis(chosen.device, MiB, settings, 0))
     assert seam_is_ours()
-    with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
+    with (
+        caplog.at_level(logging.WARNING, logger="flare_l2evict"),
+        pytest.warns(ResourceWarning, match="an install\\(...\\) handle dropped without end"),
+    ):
         del installed_by_tool, chosen
     assert not seam_is_ours() and Startup.active() is None
     assert caplog.text.count("dropped without end()") == 1

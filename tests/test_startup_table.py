@@ -79,3 +79,52 @@ def test_only_the_step_function_writes_the_phase() -> None:
             ):
                 writers.add(function.name)
     assert writers == {"__init__", "_step"}
+
+
+def _functions() -> list[ast.FunctionDef]:
+    tree = ast.parse((ROOT / "flare_l2evict" / "_startup.py").read_text())
+    return [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)]
+
+
+def test_what_follows_a_move_is_decided_in_one_place() -> None:
+    # Issue 42: "ENDED -> close; FELL_BACK after an install -> restore" was written in five
+    # methods; now each lands its move and hands the phase to Startup._after.
+    calling_restore = set()
+    for function in _functions():
+        for node in ast.walk(function):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "restore":
+                calling_restore.add(function.name)
+    assert calling_restore == {"_after", "restore"}  # restore(): the module's, for operators
+    handing = {
+        function.name
+        for function in _functions()
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "_after"
+    }
+    assert handing == {"_after_fork_in_child", "install", "offered", "settle", "_end"}
+
+
+def test_no_method_spells_a_set_of_phases_inline() -> None:
+    # Issue 42: each set of phases a method tests has a name beside _STANDS and _MID_STEP.
+    spelled = []
+    for function in _functions():
+        for node in ast.walk(function):
+            if (
+                isinstance(node, ast.Tuple | ast.Set | ast.List)
+                and sum(
+                    isinstance(item, ast.Attribute) and getattr(item.value, "id", None) == "Phase"
+                    for item in node.elts
+                )
+                > 1
+            ):
+                spelled.append(f"{function.name}:{node.lineno}")
+    assert spelled == []
+
+
+def test_a_start_up_that_offered_nothing_falls_back_as_its_caller_leaves() -> None:
+    # The caller's exit is a move to FELL_BACK wherever nothing was offered (or kept): the
+    # restore follows from the phase, in _after, not from a list of phases in settle.
+    for phase in (Phase.BEGUN, Phase.INSTALLING, Phase.INSTALLED, Phase.FALLING_BACK):
+        assert NEXT[phase, Event.SETTLE] is Phase.FELL_BACK, phase
+    for phase in (Phase.OFFERING, Phase.KEPT, Phase.CREDITED, Phase.CUT_SHORT):
+        assert NEXT[phase, Event.SETTLE] not in _startup._OVER, phase

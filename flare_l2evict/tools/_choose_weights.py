@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 
@@ -127,17 +128,22 @@ class Installed:
 
 
 def _ended_when_dropped(startup: Startup) -> None:
-    """A handle's finalizer: its start-up ends, and the drop is named, never silent."""
+    """A handle's finalizer: its start-up ends, and the drop is named, never silent: one
+    WARNING line, and a ``ResourceWarning`` once it ended (as ``TemporaryDirectory`` does), so
+    a test that drops one fails under ``-W error::ResourceWarning``."""
     if Startup.active() is not startup:  # already over (startup_complete, or a later end)
         return
+    name = repr(startup)
     say(
         log,
         logging.WARNING,
-        "flare_l2evict: %r was dropped without end(), so stock b12x is back and races no longer "
+        "flare_l2evict: %s was dropped without end(), so stock b12x is back and races no longer "
         "read the weights; fix: hold it in `with install(...) as installed:` around the races",
-        startup,
+        name,
     )
     Startup.end(startup, own_only=True)
+    warnings.warn(f"implicitly ended {name}: an install(...) handle dropped without end()",
+                  ResourceWarning, stacklevel=2)  # fmt: skip
 
 
 def install(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from flare_l2evict import StartupAudit
 from flare_l2evict._eviction import WeightEviction
-from flare_l2evict._startup import Phase, Startup
+from flare_l2evict._startup import _HOLDING, Startup
 
 
 def active() -> Startup | None:
@@ -19,15 +19,7 @@ def active() -> Startup | None:
 def installed() -> Startup | None:
     """The active start-up if it holds an install (races read weights), else ``None``."""
     found = Startup.active()
-    holding = (
-        Phase.INSTALLED,
-        Phase.OFFERING,
-        Phase.CREDITED,
-        Phase.KEPT,
-        Phase.ORPHANED,
-        Phase.ENDING,
-    )
-    return found if found is not None and found.phase in holding else None
+    return found if found is not None and found.phase in _HOLDING else None
 
 
 def eviction_of(startup: Startup) -> WeightEviction:
