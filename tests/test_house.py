@@ -153,3 +153,42 @@ def test_only_faulted_raises_the_fallback_error_and_the_raise_rule_is_spelled_on
                     spelled.append(f"{path.name}:{function.name}")
     assert sorted(set(raising)) == ["_core.py:faulted"]
     assert spelled == ["_settings.py:on_error_raises"]
+
+
+def test_the_tools_never_import_from_the_package_root() -> None:
+    # Issue 42: tools/_races_check.py took evicting_from from the package root while the root
+    # loads tools/_config_file lazily: the one arrow in the tools wing that pointed back up.
+    # Each tools module names the runtime module it needs (flare_l2evict._program, ...).
+    tools = RUNTIME / "tools"
+    rooted = []
+    for path in sorted(tools.rglob("*.py")):
+        package = ".".join(("flare_l2evict", *path.relative_to(RUNTIME).parent.parts))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            elif isinstance(node, ast.ImportFrom):
+                target = node.module or ""
+            elif isinstance(node, ast.Import):
+                rooted += [
+                    f"{path.relative_to(RUNTIME)}: import {alias.name}"
+                    for alias in node.names
+                    if alias.name == "flare_l2evict"
+                ]
+                continue
+            else:
+                continue
+            if target == "flare_l2evict":
+                rooted.append(f"{path.relative_to(RUNTIME)}: from {target} import ...")
+    assert rooted == [], rooted
+
+
+def test_each_command_is_one_room_of_the_cli_and_none_is_over_400_lines() -> None:
+    # Issue 42: the CLI's front door held five commands in 932 lines.
+    from flare_l2evict.tools.cli import COMMANDS
+
+    cli = RUNTIME / "tools" / "cli"
+    rooms = {path.stem for path in cli.glob("*.py")} - {"__init__", "_shared"}
+    assert rooms == {command.name for command in COMMANDS}
+    lines = {room: len((cli / f"{room}.py").read_text().splitlines()) for room in rooms}
+    assert max(lines.values()) <= 400, lines
