@@ -186,12 +186,12 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly() -> None:
     import subprocess
     import sys
 
-    child = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "flare_l2evict", "schema", "check"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-    )
-    assert child.stdout is not None and child.stderr is not None
-    child.stdout.close()  # the reader leaves before the command writes
-    err = child.stderr.read()
-    assert child.wait(timeout=120) == 141 and err == b"", err
+    ) as child:
+        assert child.stdout is not None and child.stderr is not None
+        child.stdout.close()  # the reader leaves before the command writes
+        err = child.stderr.read()
+        assert child.wait(timeout=120) == 141 and err == b"", err
