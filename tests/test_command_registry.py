@@ -54,19 +54,19 @@ def test_a_command_added_to_the_registry_is_in_help_examples_dispatch_and_the_re
     text = capsys.readouterr().out
     assert "example:\n  flare-l2evict greet --times 2" in text and "  0    greeted" in text
     assert main(["greet", "--times", "3"], commands) == 0 and ran[-1] == 3
-    reference = script("command_reference").reference(commands)
+    reference = script("command_line_docs").reference(commands)
     assert "### `flare-l2evict greet`" in reference and "`--times TIMES`" in reference
     with pytest.raises(SystemExit) as exited:
         main(["greet"])  # not registered: unknown to the real CLI
     assert exited.value.code == 2
 
 
-def test_the_docs_command_reference_is_the_registry() -> None:
-    generator = script("command_reference")
+def test_the_docs_command_reference_and_field_tables_are_the_registrys() -> None:
+    generator = script("command_line_docs")
     page = generator.PAGE.read_text(encoding="utf-8")
-    assert page == generator.with_reference(page), (
-        f"docs/command-line.md's command reference differs from the commands; regenerate it: "
-        f"{generator.REGENERATE}"
+    assert page == generator.regenerated(page), (
+        f"docs/command-line.md's command reference or JSON field tables differ from the "
+        f"commands and their models; regenerate them: {generator.REGENERATE}"
     )
 
 

@@ -4,7 +4,7 @@ Each command declares its output once, as a pydantic model built by the command
 (``startup``: :class:`~.cli.startup.StartupOutput` of two reference-host arms; ``plan``:
 :class:`~.cli.plan.PlanOutput`; ``check``: :class:`~.cli.check.CheckOutput`), and prints
 it with :func:`printed`. ``flare-l2evict schema COMMAND`` prints :func:`json_schema` of
-the same model, and ``scripts/json_fields.py`` writes docs/command-line.md's field tables
+the same model, and ``scripts/command_line_docs.py`` writes docs/command-line.md's field tables
 from it. Torch-free: ``schema`` answers in well under a second.
 
 :data:`SCHEMA_VERSION` is the ``"schema"`` key of every object: it rises when a key changes

@@ -2,7 +2,7 @@
 
 A command is added with one module that declares its :class:`~._shared.Command` and one
 line below; the parser, ``--help``'s examples, the dispatch and the generated command
-reference (``scripts/command_reference.py``) all come from this list.
+reference (``scripts/command_line_docs.py``) all come from this list.
 """
 
 from __future__ import annotations

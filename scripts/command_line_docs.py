@@ -1,48 +1,89 @@
-"""Rewrite docs/command-line.md's JSON field tables from the models they describe.
+"""Rewrite the generated sections of docs/command-line.md from the registry of commands.
 
-Each command's ``--json`` output is one pydantic model, declared by the command
-(``flare_l2evict.tools.cli.COMMANDS``: each command's ``output``); its tables are
-generated from :func:`flare_l2evict.tools._json_output.json_schema` of that model, and
-``tests/test_json_output.py`` holds the page equal to them: after changing a model, run
-this and commit the page.
+Every command is one module of ``flare_l2evict/tools/cli/`` listed once in
+``flare_l2evict.tools.cli.COMMANDS``. Two sections of the page come from it: the command
+reference (each command's usage, flags, example and exit codes, read off its parser and its
+declaration) and the JSON field tables (each command's ``output`` model, through
+:func:`flare_l2evict.tools._json_output.json_schema`). ``tests/test_command_registry.py``
+holds the page equal to them: after changing a command or a model, run this and commit the
+page.
 
-    python scripts/json_fields.py
+    python scripts/command_line_docs.py
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from flare_l2evict.tools._json_output import json_schema
 from flare_l2evict.tools.cli import COMMANDS, Command
+from flare_l2evict.tools.cli._shared import PROG, parser
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "command-line.md"
+REGENERATE = "python scripts/command_line_docs.py"
+"""The command that rewrites the page's generated sections."""
 
 
 def main() -> None:
     text = PAGE.read_text(encoding="utf-8")
-    updated = with_field_tables(text)
+    updated = regenerated(text)
     if updated != text:
         PAGE.write_text(updated, encoding="utf-8")
     print(f"{PAGE.name}: {'rewritten' if updated != text else 'already up to date'}")
 
 
-FIELDS_BEGIN = "<!-- json fields: written by scripts/json_fields.py; edit the models instead -->"
-FIELDS_END = "<!-- json fields: end -->"
-REGENERATE = "python scripts/json_fields.py"
-"""The command that rewrites ``docs/command-line.md``'s field tables from the models."""
+def regenerated(page: str, commands: Sequence[Command] = COMMANDS) -> str:
+    """``page`` with each generated section (between its two markers) written anew."""
+    sections: dict[str, tuple[str, Callable[[Sequence[Command]], str]]] = {
+        "command reference": ("edit the commands", reference),
+        "json fields": ("edit the models instead", field_tables),
+    }
+    for name, (hint, write) in sections.items():
+        begin = f"<!-- {name}: written by scripts/command_line_docs.py; {hint} -->"
+        end = f"<!-- {name}: end -->"
+        head, found_begin, rest = page.partition(begin)
+        _, found_end, tail = rest.partition(end)
+        if not found_begin or not found_end:
+            raise ValueError(f"the page has no {begin} ... {end} section")
+        page = f"{head}{begin}\n\n{write(commands)}\n\n{end}{tail}"
+    return page
 
 
-def with_field_tables(page: str, commands: Sequence[Command] = COMMANDS) -> str:
-    """``page`` with the text between :data:`FIELDS_BEGIN` and :data:`FIELDS_END` regenerated."""
-    head, begin, rest = page.partition(FIELDS_BEGIN)
-    _, end, tail = rest.partition(FIELDS_END)
-    if not begin or not end:
-        raise ValueError(f"the page has no {FIELDS_BEGIN} ... {FIELDS_END} section")
-    return f"{head}{FIELDS_BEGIN}\n\n{field_tables(commands)}\n\n{FIELDS_END}{tail}"
+def reference(commands: Sequence[Command] = COMMANDS) -> str:
+    """Each command: what it does, its usage, its flags, one example and its exit codes."""
+    top = parser(commands, "(version)")
+    parts = []
+    for command in commands:
+        sub = top.commands[command.name]
+        usage = " ".join(sub.format_usage().split()).removeprefix("usage: ")
+        # An indented block, not a fence: the docs' fences are all run or compared.
+        parts += [f"### `{PROG} {command.name}`", _sentence(command.help), f"    {usage}"]
+        parts.append("\n".join(_flag(action) for action in sub._actions if _shown(action)))
+        parts.append(f"Example: `{PROG} {command.example}`. Exit codes:")
+        parts.append("\n".join(f"- {code}: {meaning}" for code, meaning in command.exits.lines()))
+    return "\n\n".join(parts)
+
+
+def _shown(action: argparse.Action) -> bool:
+    return not isinstance(action, argparse._HelpAction) and action.help != argparse.SUPPRESS
+
+
+def _flag(action: argparse.Action) -> str:
+    if action.option_strings:
+        metavar = "" if action.nargs == 0 else f" {action.metavar or action.dest.upper()}"
+        name = ", ".join(f"`{option}{metavar}`" for option in action.option_strings)
+    else:
+        name = f"`{action.metavar or action.dest}`"
+    return f"- {name}: {_sentence(str(action.help or ''))}"
+
+
+def _sentence(text: str) -> str:
+    text = " ".join(text.split())
+    return text + ("" if text.endswith(".") else ".")
 
 
 def field_tables(commands: Sequence[Command] = COMMANDS) -> str:
