@@ -21,6 +21,20 @@ import flare_l2evict
 _SESSION_TMP = "FLARE_L2EVICT_TEST_TMP"
 
 
+def _one_cpu_thread() -> None:
+    """One intra-op thread for this process and every process it starts (``OMP_NUM_THREADS=1``),
+    unless the caller set it.
+
+    The tests' CPU kernels are memory-bound copies and sums, and on two cores shared with
+    spawned ranks, fresh interpreters or a neighbour's run, torch's second OpenMP thread only
+    waits for a core: the edit loop ran in 102 s instead of 158 s on two busy cores. It changes
+    how fast torch computes, not what: no figure a test checks moves.
+    """
+    if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"  # read by every process the tests start
+        torch.set_num_threads(1)  # this process's OpenMP read the variable at import already
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     """One temporary directory owns everything the run writes: pytest's ``tmp_path`` roots and
@@ -29,6 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
     Removed when the run passes, kept (and named) when it fails. So a run leaves nothing in
     the system temp dir: the 4.5 GB of sparse checkpoints pytest kept per run went with it.
     """
+    _one_cpu_thread()
     if os.environ.get(_SESSION_TMP):  # a pytest started by a test: its parent's root holds it
         return
     root = tempfile.mkdtemp(prefix="flare-l2evict-tests-")

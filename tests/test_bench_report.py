@@ -211,6 +211,7 @@ def test_hook_lines_say_when_the_plugin_reports_no_steps() -> None:
     ]
 
 
+@pytest.mark.slow  # fresh interpreters, each a start-up
 def test_hook_times_runs_the_real_hook_in_fresh_processes_on_a_cpu() -> None:
     """The harness end to end on a CPU: a real start-up, its report's steps, every sample kept."""
     pytest.importorskip("b12x.preparation._measurement")

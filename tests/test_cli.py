@@ -187,6 +187,7 @@ def _modules_after(code: str) -> set[str]:
     return set(done.stdout.split())
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_the_plugin_entry_point_imports_only_runtime_modules() -> None:
     loaded = _modules_after("import flare_l2evict.plugin")
     ours = {m for m in loaded if m.startswith("flare_l2evict")}
@@ -503,6 +504,7 @@ def test_the_cli_routes_its_logger_and_gives_it_back(capsys: pytest.CaptureFixtu
     assert (logger.handlers, logger.level, logger.propagate) == (handlers, level, propagate)
 
 
+@pytest.mark.slow  # two fresh interpreters, each a start-up
 def test_quiet_logs_only_warnings(capsys: pytest.CaptureFixture[str]) -> None:
     """-q: the plugin's INFO credit line is not logged; stdout is the same table."""
     script = (
@@ -533,6 +535,7 @@ def test_every_json_object_carries_its_schema(
     assert parsed("check", capsys.readouterr().out)["schema"] == 3
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_example_out_never_writes_through_a_symlink(tmp_path: Path) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")

@@ -90,6 +90,7 @@ any_value = st.one_of(
 windows = st.one_of(st.just("stock"), st.integers(-1, 1 << 28), st.text(max_size=6), st.none())
 
 
+@pytest.mark.slow  # a property test: 150 examples, each a real start-up
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     device=st.one_of(

@@ -429,6 +429,7 @@ def test_as_many_evictions_alive_as_race_jobs_audits_clean(
 MODES = ["ok", "raise-before", "apply-then-raise", "re-enter", "keyboard"]
 
 
+@pytest.mark.slow  # a property test: 60 examples, each real start-ups on threads
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     raising=st.one_of(st.none(), st.sampled_from(ATTRIBUTES)),

@@ -210,6 +210,7 @@ print(json.dumps({"sent": len(sent), "handled": len(audits), "reclaimed": report
 """
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_a_signal_handler_calling_startup_complete_inside_the_lock_does_not_deadlock() -> None:
     try:
         done = subprocess.run(
@@ -474,6 +475,7 @@ def _host_at(target: Line, how: str) -> None:
     _a_fresh_start_up_credits(where)
 
 
+@pytest.mark.slow  # a sweep: a start-up per runtime line
 @pytest.mark.parametrize("how", ["raise", "end"])
 @pytest.mark.parametrize("part", range(_SLICES))
 def test_a_signal_at_any_runtime_line_of_a_start_up_never_strands_state(
@@ -512,6 +514,7 @@ def _block_at(target: Line) -> None:
         assert report.reclaimed_bytes == CREDIT, where  # a fresh block credits again
 
 
+@pytest.mark.slow  # a sweep: a block per runtime line
 @pytest.mark.parametrize("part", range(_SLICES // 2))
 def test_an_asynchronous_exception_at_any_runtime_line_of_a_block_never_strands_state(
     part: int,
@@ -540,6 +543,7 @@ def _tools_install(trace: Any) -> None:
     _run_traced(held_for_a_block, trace)
 
 
+@pytest.mark.slow  # a sweep: an install per line
 def test_a_signal_at_any_line_of_the_tools_install_never_strands_state() -> None:
     # The tools' `with install(...)`: an exception at the first hit of every line its entry
     # and its exit run (Installed, and the start-up below it) leaves the slot free and stock

@@ -330,6 +330,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow  # a fresh interpreter per scenario, with a deadline
 @pytest.mark.parametrize(
     "scenario", ["startup-complete-during-the-hook", "restore-during-the-forks-undo"]
 )

@@ -16,6 +16,7 @@ from flare_l2evict._text import shown
 from flare_l2evict.tools import main
 from flare_l2evict.tools._headers import read_checkpoint
 from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost, write_sparse_index
+from flare_l2evict.tools.reference_host._example import write_headers
 
 
 def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
@@ -28,15 +29,19 @@ def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
 
 
 def test_plan_and_startup_choose_the_same_tensor(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    tensors = {
-        "model.embed_tokens.weight": torch.zeros(40 * MiB),  # largest, but excluded
-        "model.layers.1.mlp.experts.w13_weight": torch.zeros(20 * MiB),
-        "model.layers.0.mlp.experts.w13_weight": torch.zeros(20 * MiB),  # tie: sorts first
-        "model.norm.weight": torch.zeros(16),
-    }
-    path = write_checkpoint(tensors)
+    # A file of zeros as save_file writes it, its data a sparse hole: the start-up loads the
+    # same zeros without 320 MiB written to disk first.
+    path = write_headers(
+        tmp_path / "model.safetensors",
+        [
+            ("model.embed_tokens.weight", "F32", (40 * MiB,)),  # largest, but excluded
+            ("model.layers.1.mlp.experts.w13_weight", "F32", (20 * MiB,)),
+            ("model.layers.0.mlp.experts.w13_weight", "F32", (20 * MiB,)),  # tie: sorts first
+            ("model.norm.weight", "F32", (16,)),
+        ],
+    )
     config = tmp_path / "deploy.toml"
     config.write_text('[plugins.l2evict]\nexclude = ["*.embed_tokens.*"]\n')
     plan = plan_json(capsys, str(path), "--config", str(config), "--profile", "h100")
@@ -70,10 +75,12 @@ def test_per_rank_files_and_the_agreed_minimum(
     assert plan["estimate"] is None
 
 
-def test_unsharded_split_is_an_estimate(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
-) -> None:
-    path = write_checkpoint({"experts": torch.zeros(4, 32 * MiB), "odd": torch.zeros(3, 30 * MiB)})
+def test_unsharded_split_is_an_estimate(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # plan reads headers only: the 872 MiB of data are a sparse hole, not written.
+    path = write_headers(
+        tmp_path / "model.safetensors",
+        [("experts", "F32", (4, 32 * MiB)), ("odd", "F32", (3, 30 * MiB))],
+    )
     plan = plan_json(capsys, str(path), "--tp", "4", "--l2-mib", "16")
     assert plan["estimate"].startswith("estimate: an unsharded checkpoint split evenly along dim 0")
     # "experts" splits to 128 MiB per rank; "odd" (3 rows) is replicated at 360 MiB.

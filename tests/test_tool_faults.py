@@ -128,6 +128,7 @@ def test_a_truncated_shipped_release_table_is_one_line(
 # --- startup -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_an_mmap_refused_for_memory_is_one_line(tmp_path: Path) -> None:
     """A real refusal: a 64 GiB sparse checkpoint under an 12 GB address-space limit.
 
