@@ -376,24 +376,35 @@ def _first_hits(run: Callable[[Any], None]) -> tuple[Line, ...]:
     return tuple(order)
 
 
+@functools.cache
+def _lines(code: types.CodeType) -> frozenset[int]:
+    """The line numbers of ``code``'s own body (a nested function's are its own code's)."""
+    return frozenset(line for _, _, line in code.co_lines() if line is not None)
+
+
 def _at(target: Line, act: Callable[[], object]) -> tuple[Callable[..., Any], list[Line]]:
     """A trace function that runs ``act`` at the first hit of ``target``, and whether it did.
 
     As a signal handler would: on the start-up's own thread, between two lines. After it
-    fired, nothing more is traced (what ``act`` runs included).
+    fired, nothing more is traced (what ``act`` runs included). Only a frame whose own code
+    holds the target line can reach it, so only such frames are traced line by line: the
+    same first hit, without a trace call per line of every other frame (most of a sweep's
+    time before, in the provider's scan of ``sys.modules`` above all).
     """
     fired: list[Line] = []
     file, number = target
 
     def local(frame: types.FrameType, event: str, arg: Any) -> Any:
         if event == "line" and not fired and frame.f_lineno == number:
-            if frame.f_code.co_filename == file:
-                fired.append(target)
-                act()
+            fired.append(target)
+            act()
         return local
 
     def trace(frame: types.FrameType, event: str, arg: Any) -> Any:
-        return None if fired or not _traced(frame.f_code) else local
+        code = frame.f_code
+        if fired or code.co_filename != file or number not in _lines(code):
+            return None
+        return local
 
     return trace, fired
 
