@@ -1,4 +1,8 @@
-"""The plugin through real pluggy and the installed entry point, on the reference host."""
+"""The plugin through real pluggy and the installed entry point, on the reference host.
+
+What a host's runtime values and calls do to the hook is in ``test_host_values.py`` and
+``test_host_calls.py``.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from support.figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
-from support.hosts import CREDIT, PM, hook, runtime
+from support.hosts import CREDIT, hook, runtime
 from support.startups import installed
 
 import flare_l2evict
@@ -121,63 +125,6 @@ def test_not_named_by_plugin_flag_leaves_the_budget(without_plugins: StartupArm)
 def test_unknown_plugin_is_a_clear_error() -> None:
     with pytest.raises(PluginNotFoundError, match=r"--plugin l2evcit: .*installed: .*l2evict"):
         host(plugins=("l2evcit",))
-
-
-def test_hook_twice_credits_once() -> None:
-    host_runtime = runtime(tensors={"w": torch.zeros(64 * MiB // 4)})
-    first = hook(host_runtime)
-    seam = measurement._l2_flush_fn
-    second = hook(host_runtime)
-    assert first.reclaimed_bytes == CREDIT
-    assert second.reclaimed_bytes == 0 and second.reason is not None
-    assert "repeated call" in second.reason
-    assert "Startup(stock-seam, 'w' on cpu" in second.reason  # names what is active
-    assert measurement._l2_flush_fn is seam
-    assert host_runtime.kv_allocator.reports == [first]  # the second touched no allocator
-    PM.hook.startup_complete(runtime=host_runtime)
-    third = hook(host_runtime)  # a new start-up may begin
-    assert third.reclaimed_bytes == first.reclaimed_bytes
-
-
-@pytest.mark.parametrize(
-    ("tensors", "reason"),
-    [
-        ({}, "no resident checkpoint tensors"),
-        ({"meta": torch.empty(1 << 30, device="meta")}, "1 meta"),
-        ({"small": torch.zeros(16)}, "covers the"),
-    ],
-)
-def test_fallbacks_report_zero_with_the_reason(
-    tensors: dict[str, torch.Tensor],
-    reason: str,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
-        report = hook(runtime(tensors=tensors))
-    assert report.reclaimed_bytes == 0 and reason in (report.reason or "")
-    assert report.mechanism == "none"
-    assert measurement._l2_flush_fn.__name__ == "_l2_flush_fn"
-    assert installed() is None
-    lines = [r for r in caplog.records if r.name.startswith("flare_l2evict")]
-    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_a_cuda_device_without_cuda_names_runtime_device() -> None:
-    host_runtime = runtime(tensors={"embed": torch.zeros(1 << 24)}, device="cuda:0")
-    report = hook(host_runtime)
-    assert report.reclaimed_bytes == 0 and report.reason is not None
-    assert "runtime.device = device(type='cuda'" in report.reason
-    assert "CUDA is not available here" in report.reason
-
-
-def test_bad_config_in_the_hook_falls_back() -> None:
-    host_runtime = runtime(
-        tensors={"w": torch.zeros(1 << 25)}, config={"plugins": {"l2evict": {"x": 1}}}
-    )
-    report = hook(host_runtime)
-    assert report.reclaimed_bytes == 0 and "unknown key" in (report.reason or "")
-    assert host_runtime.kv_allocator.reclaimed_bytes == 0
 
 
 def test_on_error_raise_restores_then_raises(monkeypatch: pytest.MonkeyPatch) -> None:
