@@ -9,13 +9,13 @@ import importlib.metadata
 import subprocess
 import sys
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from support.fake_b12x import use_fork_api
 from support.figures import OWN, MiB
 from support.json_output import parsed
 
@@ -280,9 +280,7 @@ def test_no_b12x_names_what_was_found_and_what_is_needed(
 def test_the_fork_is_named_as_the_provider(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fork_stand_in = types.ModuleType("b12x.comm.pcie")
-    fork_stand_in.use_startup_eviction = lambda storage: None  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
+    use_fork_api(monkeypatch, lambda storage: None)
     code, out, _ = run(capsys, "check", "--device", "cpu")
     provider = next(line for line in out.splitlines() if line.startswith("b12x provider:"))
     assert provider.startswith("b12x provider: fork (flashinfer-python ")

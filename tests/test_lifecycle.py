@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 
 import pytest
 import torch
+from support.fake_b12x import use_fork_api
 from support.figures import MiB
 from support.hosts import (
     CREDIT,
@@ -614,9 +615,7 @@ def test_a_stale_restore_on_another_thread_never_undoes_the_next_start_ups_insta
     # steps; meanwhile A ends and B installs through the fork's API. Resumed, it ran A's
     # `fork(None)`: B stood credited with nothing installed, and its audit said nothing.
     handed: list[object] = []
-    fork_stand_in = types.ModuleType("b12x.comm.pcie")
-    fork_stand_in.use_startup_eviction = lambda storage: handed.append(storage)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
+    use_fork_api(monkeypatch, lambda storage: handed.append(storage))
     first, second = runtime(), runtime()
     assert hook(first).mechanism == "fork"
     code = Startup._restore.__wrapped__.__code__  # type: ignore[attr-defined]
@@ -832,9 +831,7 @@ def test_startup_complete_never_raises_when_the_fork_refuses_none(
             raise ValueError("use_startup_eviction(None): no storage to restore")
         handed.append(storage)
 
-    fork_stand_in = types.ModuleType("b12x.comm.pcie")
-    fork_stand_in.use_startup_eviction = refusing_fork_stand_in  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
+    use_fork_api(monkeypatch, refusing_fork_stand_in)
     host = runtime()
     assert hook(host).mechanism == "fork" and handed
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):
