@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import torch
 from support.figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
-from support.hosts import CREDIT, hook, runtime
+from support.hosts import CREDIT, hook, runtime, seam_is_ours
 from support.startups import installed
 
 import flare_l2evict
-from flare_l2evict import L2EvictError, PluginNotFoundError
+from flare_l2evict import L2EvictError, PluginNotFoundError, _core
 from flare_l2evict._eviction import WeightEviction
 from flare_l2evict.tools.reference_host import (
     PROFILES,
@@ -138,6 +138,32 @@ def test_on_error_raise_restores_then_raises(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(L2EvictError, match=r"on_error = 'raise'.*torch said no"):
         hook(host_runtime)
     assert installed() is None
+    assert host_runtime.kv_allocator.reclaimed_bytes == 0
+
+
+@pytest.mark.parametrize("on_error", ["fallback", "raise"])
+def test_an_error_of_the_plugins_own_falls_back_to_stock(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, on_error: str
+) -> None:
+    # The last guard: a fault outside every step's own (a bug of the plugin, here standing in
+    # for the whole start-up's run) still gives stock b12x, 0 bytes and one line.
+    def internal_fault_stand_in(*_a: object, **_k: object) -> None:
+        raise RuntimeError("a bug of the plugin's own")
+
+    monkeypatch.setattr(_core, "_run", internal_fault_stand_in)
+    host_runtime = runtime(config={"plugins": {"l2evict": {"on_error": on_error}}})
+    reason = "internal error in flare_l2evict (RuntimeError: a bug of the plugin's own)"
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        if on_error == "raise":
+            with pytest.raises(L2EvictError, match=r"on_error = 'raise'") as raised:
+                hook(host_runtime)
+            assert reason in str(raised.value) and "\n" not in str(raised.value)
+        else:
+            report = hook(host_runtime)
+            assert report.reclaimed_bytes == 0 and (report.reason or "").startswith(reason)
+            (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
+            assert line.levelno == logging.WARNING and reason in line.getMessage()
+    assert installed() is None and not seam_is_ours()
     assert host_runtime.kv_allocator.reclaimed_bytes == 0
 
 
