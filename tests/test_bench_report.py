@@ -330,6 +330,7 @@ def test_bench_usage_errors_are_one_line_with_the_fix_and_exit_2(
     assert err.count("\n") == 1 and "usage:" not in err
 
 
+@pytest.mark.slow  # a fresh interpreter that imports the bench's command line
 def test_bench_runs_from_the_checkout_with_argparse_help() -> None:
     """As BENCHMARKS.md and scripts/gpu_suite.sh run it: ``python -m`` from the root."""
     done = subprocess.run(

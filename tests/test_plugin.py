@@ -30,6 +30,7 @@ from flare_l2evict.tools.reference_host import (
     example_tensors,
     installed_plugins,
     plugin_manager,
+    write_example_checkpoint,
 )
 
 GB202 = PROFILES["gb202"]
@@ -46,11 +47,8 @@ def host(
 
 @pytest.fixture(scope="module")
 def gb202_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from safetensors.torch import save_file
-
-    path = tmp_path_factory.mktemp("ckpt") / "model.safetensors"
-    save_file(example_tensors(256 * MiB), str(path))
-    return path
+    """The embedded example for GB202's 256 MiB window: its tensors' zeros as a sparse hole."""
+    return write_example_checkpoint(tmp_path_factory.mktemp("ckpt"), 256 * MiB)
 
 
 @pytest.fixture(scope="module")

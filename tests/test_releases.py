@@ -105,6 +105,7 @@ def test_judging_a_release_writes_its_row_and_the_readme(
     capsys.readouterr()
 
 
+@pytest.mark.slow  # pip download, offline
 def test_judging_a_release_the_registry_lacks_is_one_line_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
