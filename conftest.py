@@ -34,8 +34,8 @@ def _quick_cpu() -> None:
 
     ``THP_MEM_ALLOC_ENABLE=1``: torch's large CPU allocations in huge pages. Most tests make
     64 MiB or more of weights (stock's smallest window), and faulting them in 4 KiB pages was
-    a quarter of the edit loop's time, in the kernel (the edit loop: 106 s to 85 s on two
-    lightly loaded cores, the peak memory unchanged). Torch reads it at each allocation.
+    a quarter of the edit loop's time, in the kernel (the edit loop: 92 s to 78 s, back to back
+    on two lightly loaded cores, the peak memory unchanged). Torch reads it at each allocation.
     """
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"  # read by every process the tests start
@@ -50,6 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     Removed when the run passes, kept (and named) when it fails. So a run leaves nothing in
     the system temp dir: the 4.5 GB of sparse checkpoints pytest kept per run went with it.
+    First, :func:`_quick_cpu`, for this process and the ones the tests start.
     """
     _quick_cpu()
     if os.environ.get(_SESSION_TMP):  # a pytest started by a test: its parent's root holds it
