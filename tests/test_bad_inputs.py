@@ -1,4 +1,9 @@
-"""Every bad input tried, with the one line it must give (CLI: exit 2; hook: a 0 report)."""
+"""Every bad input to the command line tried (files, flags, configs), with the one line it must
+give and exit 2.
+
+A host's bad runtime values (the hook's inputs: a 0 report and one line) are in
+``test_host_values.py``.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from support.figures import MiB
-from support.hosts import hook, runtime
 
 from flare_l2evict import L2EvictError
 from flare_l2evict.tools import main
@@ -285,39 +288,6 @@ def test_plan_and_safetensors_agree_on_a_gap(tmp_path: Path) -> None:
 
     with pytest.raises(SafetensorError):
         load_file(str(bad_files(tmp_path)["gap"]))
-
-
-RUNTIME_CASES: list[tuple[str, object, str]] = [
-    ("race_jobs", -1, "runtime.race_jobs = -1: the host must pass a whole number in 0..1024"),
-    ("race_jobs", 10**9, "runtime.race_jobs = 1000000000"),
-    ("rank", 3, "runtime.rank = 3: the host must pass a whole number in 0..0"),
-    ("rank", -1, "runtime.rank = -1"),
-    ("world_size", 0, "runtime.world_size = 0: the host must pass a whole number >= 1"),
-    ("device", "tpu", "runtime.device = 'tpu'"),
-    ("device", 7, "runtime.device = 7"),
-    ("l2_cache_bytes", -5, "runtime.l2_cache_bytes = -5"),
-    ("l2_cache_bytes", None, "runtime.l2_cache_bytes = None: the host must pass the L2 size"),
-    ("config", [1], "runtime.config = [1]: the host must pass the deployment config"),
-    ("kv_allocator", object(), "runtime.kv_allocator = <a object>"),
-]
-
-
-@pytest.mark.parametrize(
-    ("name", "value", "line"), RUNTIME_CASES, ids=[c[2][:40] for c in RUNTIME_CASES]
-)
-def test_runtime_values_out_of_range_are_one_line(name: str, value: object, line: str) -> None:
-    host_runtime = runtime(tensors={"w": torch.zeros(64 * MiB // 4)})
-    setattr(host_runtime, name, value)
-    report = hook(host_runtime)
-    assert report.reclaimed_bytes == 0 and report.reason is not None
-    assert line in report.reason and "\n" not in report.reason
-
-
-def test_a_tensor_name_that_is_not_a_string_is_one_line() -> None:
-    report = hook(runtime(tensors={7: torch.zeros(64 * MiB // 4)}))
-    assert report.reclaimed_bytes == 0 and report.reason is not None
-    assert report.reason.startswith("resident tensor name 7 has type int, not str; fix:")
-    assert "\n" not in report.reason and "validation" not in report.reason.lower()
 
 
 def test_a_device_torch_refuses_is_a_usage_error_not_a_traceback() -> None:

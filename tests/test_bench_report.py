@@ -211,6 +211,7 @@ def test_hook_lines_say_when_the_plugin_reports_no_steps() -> None:
     ]
 
 
+@pytest.mark.slow  # fresh interpreters, each a start-up
 def test_hook_times_runs_the_real_hook_in_fresh_processes_on_a_cpu() -> None:
     """The harness end to end on a CPU: a real start-up, its report's steps, every sample kept."""
     pytest.importorskip("b12x.preparation._measurement")
@@ -329,6 +330,7 @@ def test_bench_usage_errors_are_one_line_with_the_fix_and_exit_2(
     assert err.count("\n") == 1 and "usage:" not in err
 
 
+@pytest.mark.slow  # a fresh interpreter that imports the bench's command line
 def test_bench_runs_from_the_checkout_with_argparse_help() -> None:
     """As BENCHMARKS.md and scripts/gpu_suite.sh run it: ``python -m`` from the root."""
     done = subprocess.run(

@@ -9,13 +9,13 @@ import importlib.metadata
 import subprocess
 import sys
 import time
-import types
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from support.checkpoints import sparse_zeros
+from support.fake_b12x import use_fork_api
 from support.figures import OWN, MiB
 from support.json_output import parsed
 
@@ -64,9 +64,9 @@ def test_a_bare_check_says_which_device_and_why(capsys: pytest.CaptureFixture[st
 
 
 def test_every_line_fits_100_columns_and_each_reason_is_given_once(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    path = write_checkpoint({"w": torch.zeros(96 * MiB // 4)})
+    path = sparse_zeros(tmp_path / "model.safetensors", {"w": (96 * MiB // 4,)})
     code, out, _ = run(capsys, "check", str(path), "--device", "cpu")
     lines = out.splitlines()
     assert code == 1 and all(len(line) <= 100 for line in lines), out
@@ -102,9 +102,9 @@ def test_help_says_the_default_device(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_json_holds_every_figure_and_agrees_with_plan(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    path = write_checkpoint({"w": torch.zeros(128 * MiB // 4)})
+    path = sparse_zeros(tmp_path / "model.safetensors", {"w": (128 * MiB // 4,)})
     code, figures = check_json(capsys, str(path), "--profile", "h100", "--device", "cpu")
     assert code == 0 and figures["exit_code"] == 0
     assert {"versions", "b12x", "device", "device_reason", "l2_cache_bytes", "seam"} <= set(figures)
@@ -122,10 +122,10 @@ def test_json_holds_every_figure_and_agrees_with_plan(
 
 
 def test_a_checkpoint_below_the_window_falls_back_with_exit_1(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """The report's over-credit, through check: the same shard twice is still one shard."""
-    path = write_checkpoint({"w": torch.zeros(96 * MiB // 4)})
+    path = sparse_zeros(tmp_path / "model.safetensors", {"w": (96 * MiB // 4,)})
     (tmp_path / "link.safetensors").symlink_to(path)
     for argv in ([path], [path, path], [path, tmp_path / "link.safetensors"]):
         code, figures = check_json(capsys, *map(str, argv), "--l2-mib", "64", "--device", "cpu")
@@ -279,9 +279,7 @@ def test_no_b12x_names_what_was_found_and_what_is_needed(
 def test_the_fork_is_named_as_the_provider(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fork_stand_in = types.ModuleType("b12x.comm.pcie")
-    fork_stand_in.use_startup_eviction = lambda storage: None  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
+    use_fork_api(monkeypatch, lambda storage: None)
     code, out, _ = run(capsys, "check", "--device", "cpu")
     provider = next(line for line in out.splitlines() if line.startswith("b12x provider:"))
     assert provider.startswith("b12x provider: fork (flashinfer-python ")
@@ -299,16 +297,13 @@ def test_persisting_l2_is_not_applicable_on_a_cpu(capsys: pytest.CaptureFixture[
 
 @pytest.mark.parametrize("with_checkpoint", [False, True])
 def test_disabled_by_config_is_one_reason(
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    write_checkpoint: Callable[..., Path],
-    with_checkpoint: bool,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], with_checkpoint: bool
 ) -> None:
     config = tmp_path / "deploy.toml"
     config.write_text("[plugins.l2evict]\nenabled = false\n")
     argv = ["--config", str(config), "--device", "cpu"]
     if with_checkpoint:
-        argv.append(str(write_checkpoint({"w": torch.zeros(512 * MiB // 4)})))
+        argv.append(str(sparse_zeros(tmp_path / "model.safetensors", {"w": (128 * MiB,)})))
     code, figures = check_json(capsys, *argv)
     # The operator's choice, not a fault: exit 0 (issue 29), with the one reason.
     assert code == 0 and figures["reason"] == DISABLED and figures["verdict"] == "disabled"

@@ -58,6 +58,7 @@ def _check(
     return figures
 
 
+@pytest.mark.slow  # a property test: 40 examples, each a checkpoint written and checked twice
 @settings(
     max_examples=40,
     deadline=None,

@@ -19,6 +19,7 @@ from subprocess import PIPE
 
 import pytest
 import torch
+from support.checkpoints import sparse_zeros
 from support.figures import OUTPUTS, OWN, MiB
 from support.json_output import parsed
 from support.stderr import the_error
@@ -83,10 +84,9 @@ def test_json_stock_arm_names_its_race_jobs_stock(capsys: pytest.CaptureFixture[
     assert stock["job_evictions"] == ["stock", "stock"]
 
 
-def test_own_checkpoint_and_config(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path], tmp_path: Path
-) -> None:
-    path = write_checkpoint({"a": torch.zeros(80 * MiB // 4), "b": torch.zeros(90 * MiB // 4)})
+def test_own_checkpoint_and_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    shapes = {"a": (80 * MiB // 4,), "b": (90 * MiB // 4,)}
+    path = sparse_zeros(tmp_path / "model.safetensors", shapes)
     config = tmp_path / "deploy.toml"
     config.write_text('[plugins.l2evict]\nexclude = ["b"]\n')
     code, out, _ = run(
@@ -166,6 +166,7 @@ def test_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
     assert err.endswith("; fix: --device cpu\n")
 
 
+@pytest.mark.slow  # two fresh interpreters of the command line
 def test_python_dash_m_and_console_script() -> None:
     # The console script pip wrote next to this interpreter: no PATH needed (a venv's bin
     # is on PATH only once activated).
@@ -187,6 +188,7 @@ def _modules_after(code: str) -> set[str]:
     return set(done.stdout.split())
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_the_plugin_entry_point_imports_only_runtime_modules() -> None:
     loaded = _modules_after("import flare_l2evict.plugin")
     ours = {m for m in loaded if m.startswith("flare_l2evict")}
@@ -194,6 +196,7 @@ def test_the_plugin_entry_point_imports_only_runtime_modules() -> None:
     assert not {m for m in ours if m.startswith("flare_l2evict.tools")}
 
 
+@pytest.mark.slow  # a fresh interpreter that imports the command line
 def test_help_parses_before_importing_torch() -> None:
     loaded = _modules_after(
         "from flare_l2evict.tools.cli import main\n"
@@ -303,10 +306,10 @@ def test_example_refuses_a_file_as_its_directory(
 
 
 def test_startup_json_cuts_a_huge_name_as_plan_does(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     name = "w" * 1_000_000
-    path = write_checkpoint({name: torch.zeros(64 * MiB)})
+    path = sparse_zeros(tmp_path / "model.safetensors", {name: (64 * MiB,)})
     code, out, _ = run(capsys, "startup", str(path), "--plugin", "l2evict", "--l2-mib", "16",
                        "--json")  # fmt: skip
     assert code == 0 and len(out) < 20_000
@@ -382,6 +385,7 @@ def test_startup_takes_an_index_or_its_shards_as_one_checkpoint(
     assert figures[0] == figures[1] == figures[2] and figures[0][1] > 0
 
 
+@pytest.mark.slow  # a fresh interpreter per command (a blocked open fails by its timeout)
 @pytest.mark.parametrize("command", ["plan", "startup", "check"])
 def test_a_fifo_is_refused_without_blocking(tmp_path: Path, command: str) -> None:
     import os
@@ -469,6 +473,7 @@ def test_every_parser_refuses_abbreviations_and_takes_q_and_v(
     assert exited.value.code == 2 and "unrecognized arguments: --split-d" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a fresh interpreter that imports the command line
 def test_only_the_packages_logger_reaches_stderr(tmp_path: Path) -> None:
     """A library's INFO lines are not the operator's: torch's ``FakeTensor cache stats`` at exit
     followed the one error line of an interrupted command while the CLI routed the root logger."""
@@ -503,6 +508,7 @@ def test_the_cli_routes_its_logger_and_gives_it_back(capsys: pytest.CaptureFixtu
     assert (logger.handlers, logger.level, logger.propagate) == (handlers, level, propagate)
 
 
+@pytest.mark.slow  # two fresh interpreters, each a start-up
 def test_quiet_logs_only_warnings(capsys: pytest.CaptureFixture[str]) -> None:
     """-q: the plugin's INFO credit line is not logged; stdout is the same table."""
     script = (
@@ -533,6 +539,7 @@ def test_every_json_object_carries_its_schema(
     assert parsed("check", capsys.readouterr().out)["schema"] == 3
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_example_out_never_writes_through_a_symlink(tmp_path: Path) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_text("keep")

@@ -180,6 +180,7 @@ def test_a_command_without_decisions_does_not_promise_decision_lines(
         assert "how the plugin decided" not in text and f"{name} has none" in text, name
 
 
+@pytest.mark.slow  # a fresh interpreter of the command line
 def test_a_reader_that_stops_reading_ends_the_command_quietly() -> None:
     # `flare-l2evict check | head -2` printed "error: ... Broken pipe (no file)" as if a path
     # were wrong; a closed stdout is the reader's choice: no line, exit 141 as a shell says it.

@@ -82,6 +82,7 @@ def test_pieces_are_inside_their_storage_distinct_and_the_same_in_any_order(
 
 
 # No hang and no double read, however many storages and however they overlap.
+@pytest.mark.slow  # a fresh interpreter (a hang fails by its timeout) and 200,000 storages
 @pytest.mark.parametrize("order", ["reversed", "overlapping"])
 def test_200k_storages_in_any_order_or_overlap_are_chosen(order: str) -> None:
     """Was over 60 s at 1,000,000 and 200,000: a guard against a hang, not a speed test."""

@@ -126,12 +126,14 @@ def test_release_drops_the_weights() -> None:
 
 
 # Memory that goes away under the eviction (a process per case).
+@pytest.mark.slow  # a fresh interpreter that imports torch, forked per kind
 def test_weights_kept_in_place_are_read_to_the_end() -> None:
     got = freed("none")
     assert got["credited"] and got["fallback_reason"] is None and got["eviction_warnings"] == 0
     assert not got["audit_warns"]
 
 
+@pytest.mark.slow  # the same fresh interpreter's kinds
 @pytest.mark.parametrize("kind", FREED)
 def test_weights_freed_after_the_hook_fall_back_with_one_warning(kind: str) -> None:
     got = freed(kind)

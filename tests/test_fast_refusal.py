@@ -92,6 +92,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where
 
 
+@pytest.mark.slow  # a fresh interpreter of the command line per mistake
 @pytest.mark.parametrize(("what", "argv", "said"), ALL_CASES)
 def test_each_mistake_is_refused_before_torch_is_imported(
     inputs: Path, what: str, argv: list[str], said: str

@@ -101,6 +101,7 @@ print(choice.shortfall)
 """
 
 
+@pytest.mark.slow  # a fresh interpreter (a hang fails by its timeout)
 def test_exclude_at_its_limits_over_16_mib_of_names_is_decided_at_once() -> None:
     line = run_python(_AT_THE_LIMITS, timeout=30).strip()
     assert "tensors skipped: 1 excluded)" in line, line

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_suite.sh"
 
 
+@pytest.mark.slow  # the suite's shell script and the interpreters it starts
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_no_cuda_device_is_one_line_and_exit_2_before_anything_runs(tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -34,6 +35,7 @@ def test_no_cuda_device_is_one_line_and_exit_2_before_anything_runs(tmp_path: Pa
     assert not out.exists()  # nothing ran: not even its output directory was made
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_the_header_names_the_provider_when_flashinfer_ships_b12x() -> None:
     """The venv's b12x is flashinfer-python's: no ``b12x`` distribution, and no traceback."""
     import b12x

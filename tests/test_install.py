@@ -5,13 +5,13 @@ from __future__ import annotations
 import gc
 import logging
 import sys
-import types
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from support.fake_b12x import use_fork_api
 from support.hosts import L2, STOCK_BUFFER, seam_is_ours, stock_seam
 from support.startups import active, installed
 
@@ -181,9 +181,7 @@ def test_missing_b12x_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_fork_api_is_preferred_when_present(monkeypatch: pytest.MonkeyPatch) -> None:
     handed: list[object] = []
-    fork_stand_in = types.ModuleType("b12x.comm.pcie")
-    fork_stand_in.use_startup_eviction = handed.append  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
+    fork_stand_in = use_fork_api(monkeypatch, handed.append)
     with install(choice(), basis(None, fork=fork_stand_in.use_startup_eviction)) as installation:
         assert installation.mechanism == "fork"
         assert isinstance(handed[0], torch.Tensor) and handed[0].nbytes == 1024
@@ -206,9 +204,7 @@ def test_a_fork_api_of_another_shape_is_refused_before_anything_is_handed(
     def fork_of_another_shape_stand_in(storage: object, stream: object) -> None:
         handed.append(storage)
 
-    fork_stand_in = types.ModuleType("b12x.comm.pcie")
-    fork_stand_in.use_startup_eviction = fork_of_another_shape_stand_in  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
+    use_fork_api(monkeypatch, fork_of_another_shape_stand_in)
     with pytest.raises(
         InstallError, match=r"use_startup_eviction has signature .* not \(storage\)"
     ):

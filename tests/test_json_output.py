@@ -52,6 +52,7 @@ def test_schema_of_another_name_is_one_line_and_exit_2(capsys: pytest.CaptureFix
         assert line.startswith("error: flare-l2evict schema: ") and "; fix: " in line, line
 
 
+@pytest.mark.slow  # a fresh interpreter of the command line
 def test_schema_answers_without_importing_torch() -> None:
     probe = (
         "import sys\nfrom flare_l2evict.tools.cli import main\ncode = main(['schema', 'check'])\n"

@@ -4,7 +4,8 @@ A *reserved* host (or one that says nothing) is offered the credit, as always. A
 *measured* one sizes its KV cache from memory measured after the races: the eviction
 is installed and kept until ``startup_complete``, nothing is offered (its measurement
 already sees the bytes), and its report and one INFO line say why. Real pluggy, the
-reference host on the CPU, ranks over gloo, and on a GPU real b12x races.
+reference host on the CPU, and on a GPU real b12x races; ranks over gloo (every rank measures,
+or only one) are in ``test_tp_gloo.py``, which spawns its ranks once for every scenario.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from support.figures import KV_BYTES_PER_TOKEN as KV, OUTPUTS, OWN, MiB
 from support.hosts import CREDIT, JOBS, L2, WEIGHT, complete, hook, seam, seam_is_ours, weights
 from support.json_output import parsed
 from support.startups import end_any, installed
-from support.tp_scenarios import run_ranks
 
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._startup import Phase, Startup
@@ -49,14 +49,6 @@ class Host:
 
     def resident_tensors(self) -> dict[str, torch.Tensor]:
         return self.tensors
-
-
-class RaisingSizingHost(Host):
-    """A host whose kv_sizing is a property that raises."""
-
-    @property
-    def kv_sizing(self) -> str:
-        raise RuntimeError("sizing not decided yet")
 
 
 class SizingStr(str):
@@ -154,12 +146,6 @@ def test_a_bad_kv_sizing_is_one_line_naming_it_and_credits_nothing(
     assert allocator.reports == [] and installed() is None and not seam_is_ours()
 
 
-def test_a_kv_sizing_that_raises_is_named_and_credits_nothing() -> None:
-    report = hook(RaisingSizingHost(kv_allocator=ReferenceKVAllocator(1024)))
-    assert report.reclaimed_bytes == 0 and not seam_is_ours()
-    assert (report.reason or "").startswith("runtime.kv_sizing raised RuntimeError")
-
-
 def table_cells(line: str) -> list[str]:
     """A table row's cells: columns are at least two spaces apart, words in a cell one."""
     return re.split(r" {2,}", line.strip())
@@ -225,38 +211,6 @@ def test_a_bad_kv_sizing_flag_is_one_line_and_exit_2(capsys: pytest.CaptureFixtu
     (line,) = err.splitlines()
     assert line.startswith("error: flare-l2evict startup: argument --kv-sizing: ")
     assert "'measured'" in line and "; fix: " in line
-
-
-STOCK = 64 * MiB  # the gloo ranks' L2 is 16 MiB: max(2 x 16 MiB, 64 MiB)
-
-
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return run_ranks(2, tmp_path_factory.mktemp("kv-tp2"), ["measured", "measured_one"])
-
-
-def test_ranks_that_all_measure_install_and_credit_nothing(ranks: list[dict[str, Any]]) -> None:
-    for rank, results in enumerate(ranks):
-        got = results["measured"]
-        report = got["report"]
-        assert report["rank"] == rank and report["kv_sizing"] == "measured"
-        assert report["reclaimed_bytes"] == 0 and report["unallocated_bytes"] == 5 * STOCK - OWN
-        assert got["installed"] and (got["credited"], got["offers"]) == (0, 0)
-
-
-def test_one_rank_measured_and_one_reserved_is_a_contract_error_crediting_nothing(
-    ranks: list[dict[str, Any]],
-) -> None:
-    for results in ranks:
-        got = results["measured_one"]
-        report = got["report"]
-        assert report["reclaimed_bytes"] == report["unallocated_bytes"] == 0
-        assert report["mechanism"] == "none" and not got["installed"]
-        assert (got["credited"], got["offers"]) == (0, 0)
-        reason = report["reason"]
-        assert reason.startswith("plugin settings differ across ranks (rank 0: "), reason
-        assert "rank 1: " in reason and '"kv_sizing": "measured"' in reason
-        assert "runtime.kv_sizing" in reason.partition("; fix: ")[2]
 
 
 @pytest.mark.gpu

@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 
 import pytest
 import torch
+from support.fake_b12x import use_fork_api
 from support.figures import MiB
 from support.hosts import (
     CREDIT,
@@ -211,6 +212,7 @@ print(json.dumps({"sent": len(sent), "handled": len(audits), "reclaimed": report
 """
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_a_signal_handler_calling_startup_complete_inside_the_lock_does_not_deadlock() -> None:
     try:
         done = subprocess.run(
@@ -376,24 +378,35 @@ def _first_hits(run: Callable[[Any], None]) -> tuple[Line, ...]:
     return tuple(order)
 
 
+@functools.cache
+def _lines(code: types.CodeType) -> frozenset[int]:
+    """The line numbers of ``code``'s own body (a nested function's are its own code's)."""
+    return frozenset(line for _, _, line in code.co_lines() if line is not None)
+
+
 def _at(target: Line, act: Callable[[], object]) -> tuple[Callable[..., Any], list[Line]]:
     """A trace function that runs ``act`` at the first hit of ``target``, and whether it did.
 
     As a signal handler would: on the start-up's own thread, between two lines. After it
-    fired, nothing more is traced (what ``act`` runs included).
+    fired, nothing more is traced (what ``act`` runs included). Only a frame whose own code
+    holds the target line can reach it, so only such frames are traced line by line: the
+    same first hit, without a trace call per line of every other frame (most of a sweep's
+    time before, in the provider's scan of ``sys.modules`` above all).
     """
     fired: list[Line] = []
     file, number = target
 
     def local(frame: types.FrameType, event: str, arg: Any) -> Any:
         if event == "line" and not fired and frame.f_lineno == number:
-            if frame.f_code.co_filename == file:
-                fired.append(target)
-                act()
+            fired.append(target)
+            act()
         return local
 
     def trace(frame: types.FrameType, event: str, arg: Any) -> Any:
-        return None if fired or not _traced(frame.f_code) else local
+        code = frame.f_code
+        if fired or code.co_filename != file or number not in _lines(code):
+            return None
+        return local
 
     return trace, fired
 
@@ -475,6 +488,7 @@ def _host_at(target: Line, how: str) -> None:
     _a_fresh_start_up_credits(where)
 
 
+@pytest.mark.slow  # a sweep: a start-up per runtime line
 @pytest.mark.parametrize("how", ["raise", "end"])
 @pytest.mark.parametrize("part", range(_SLICES))
 def test_a_signal_at_any_runtime_line_of_a_start_up_never_strands_state(
@@ -513,6 +527,7 @@ def _block_at(target: Line) -> None:
         assert report.reclaimed_bytes == CREDIT, where  # a fresh block credits again
 
 
+@pytest.mark.slow  # a sweep: a block per runtime line
 @pytest.mark.parametrize("part", range(_SLICES // 2))
 def test_an_asynchronous_exception_at_any_runtime_line_of_a_block_never_strands_state(
     part: int,
@@ -541,6 +556,7 @@ def _tools_install(trace: Any) -> None:
     _run_traced(held_for_a_block, trace)
 
 
+@pytest.mark.slow  # a sweep: an install per line
 def test_a_signal_at_any_line_of_the_tools_install_never_strands_state() -> None:
     # The tools' `with install(...)`: an exception at the first hit of every line its entry
     # and its exit run (Installed, and the start-up below it) leaves the slot free and stock
@@ -605,9 +621,7 @@ def test_a_stale_restore_on_another_thread_never_undoes_the_next_start_ups_insta
     # steps; meanwhile A ends and B installs through the fork's API. Resumed, it ran A's
     # `fork(None)`: B stood credited with nothing installed, and its audit said nothing.
     handed: list[object] = []
-    fork_stand_in = types.ModuleType("b12x.comm.pcie")
-    fork_stand_in.use_startup_eviction = lambda storage: handed.append(storage)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
+    use_fork_api(monkeypatch, lambda storage: handed.append(storage))
     first, second = runtime(), runtime()
     assert hook(first).mechanism == "fork"
     code = Startup._restore.__wrapped__.__code__  # type: ignore[attr-defined]
@@ -824,9 +838,7 @@ def test_startup_complete_never_raises_when_the_fork_refuses_none(
             raise ValueError("use_startup_eviction(None): no storage to restore")
         handed.append(storage)
 
-    fork_stand_in = types.ModuleType("b12x.comm.pcie")
-    fork_stand_in.use_startup_eviction = refusing_fork_stand_in  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", fork_stand_in)
+    use_fork_api(monkeypatch, refusing_fork_stand_in)
     host = runtime()
     assert hook(host).mechanism == "fork" and handed
     with caplog.at_level(logging.INFO, logger="flare_l2evict"):

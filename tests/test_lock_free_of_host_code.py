@@ -26,12 +26,12 @@ import logging
 import subprocess
 import sys
 import threading
-import types
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import pytest
 import torch
+from support.fake_b12x import use_fork_api
 from support.figures import MiB
 from support.hosts import CREDIT, JOBS, L2, complete, hook, runtime, seam_is_ours, weights
 from torch.overrides import TorchFunctionMode
@@ -203,9 +203,7 @@ def fork_api(monkeypatch: pytest.MonkeyPatch) -> Callable[[Seen], None]:
         def use_startup_eviction(storage: object) -> None:
             seen.append(("fork API", _lock_held_here()))
 
-        module = types.ModuleType("b12x.comm.pcie")
-        module.use_startup_eviction = use_startup_eviction  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, "b12x.comm.pcie", module)
+        use_fork_api(monkeypatch, use_startup_eviction)
 
     return make
 
@@ -330,6 +328,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow  # a fresh interpreter per scenario, with a deadline
 @pytest.mark.parametrize(
     "scenario", ["startup-complete-during-the-hook", "restore-during-the-forks-undo"]
 )
@@ -366,9 +365,7 @@ def test_a_restore_paused_after_claiming_an_undo_step_keeps_the_slot_until_it_ra
     # B begun then would have its install undone by A's `fork(None)` once the operator's
     # thread runs again: the slot stays A's until the claimed step ran.
     handed: list[object] = []
-    module = types.ModuleType("b12x.comm.pcie")
-    module.use_startup_eviction = lambda storage: handed.append(storage)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", module)
+    use_fork_api(monkeypatch, lambda storage: handed.append(storage))
     first, second = runtime(), runtime()
     assert hook(first).mechanism == "fork"
     code = Startup._undone.__code__

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.checkpoints import sparse_zeros
 from support.figures import KV_BYTES_PER_TOKEN as KV, OWN, MiB
 from support.json_output import parsed
 
@@ -28,15 +29,19 @@ def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
 
 
 def test_plan_and_startup_choose_the_same_tensor(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    tensors = {
-        "model.embed_tokens.weight": torch.zeros(40 * MiB),  # largest, but excluded
-        "model.layers.1.mlp.experts.w13_weight": torch.zeros(20 * MiB),
-        "model.layers.0.mlp.experts.w13_weight": torch.zeros(20 * MiB),  # tie: sorts first
-        "model.norm.weight": torch.zeros(16),
-    }
-    path = write_checkpoint(tensors)
+    # A file of zeros as save_file writes it, its data a sparse hole: the start-up loads the
+    # same zeros without 320 MiB written to disk first.
+    path = sparse_zeros(
+        tmp_path / "model.safetensors",
+        {
+            "model.embed_tokens.weight": (40 * MiB,),  # largest, but excluded
+            "model.layers.1.mlp.experts.w13_weight": (20 * MiB,),
+            "model.layers.0.mlp.experts.w13_weight": (20 * MiB,),  # tie: sorts first
+            "model.norm.weight": (16,),
+        },
+    )
     config = tmp_path / "deploy.toml"
     config.write_text('[plugins.l2evict]\nexclude = ["*.embed_tokens.*"]\n')
     plan = plan_json(capsys, str(path), "--config", str(config), "--profile", "h100")
@@ -58,10 +63,10 @@ def test_plan_and_startup_choose_the_same_tensor(
 
 
 def test_per_rank_files_and_the_agreed_minimum(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    rank0 = write_checkpoint({"w.rank0": torch.zeros(32 * MiB)}, "rank0.safetensors")
-    rank1 = write_checkpoint({"w.rank1": torch.zeros(MiB)}, "rank1.safetensors")
+    rank0 = sparse_zeros(tmp_path / "rank0.safetensors", {"w.rank0": (32 * MiB,)})
+    rank1 = sparse_zeros(tmp_path / "rank1.safetensors", {"w.rank1": (MiB,)})
     plan = plan_json(capsys, str(rank0), str(rank1), "--tp", "2", "--per-rank", "--l2-mib", "16")
     assert [r["tensor"] for r in plan["ranks"]] == ["w.rank0", None]
     assert plan["ranks"][0]["reclaimed_bytes"] == 5 * 64 * MiB - OWN
@@ -70,10 +75,10 @@ def test_per_rank_files_and_the_agreed_minimum(
     assert plan["estimate"] is None
 
 
-def test_unsharded_split_is_an_estimate(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
-) -> None:
-    path = write_checkpoint({"experts": torch.zeros(4, 32 * MiB), "odd": torch.zeros(3, 30 * MiB)})
+def test_unsharded_split_is_an_estimate(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # plan reads headers only: the 872 MiB of data are a sparse hole, not written.
+    shapes = {"experts": (4, 32 * MiB), "odd": (3, 30 * MiB)}
+    path = sparse_zeros(tmp_path / "model.safetensors", shapes)
     plan = plan_json(capsys, str(path), "--tp", "4", "--l2-mib", "16")
     assert plan["estimate"].startswith("estimate: an unsharded checkpoint split evenly along dim 0")
     # "experts" splits to 128 MiB per rank; "odd" (3 rows) is replicated at 360 MiB.
@@ -150,10 +155,8 @@ def test_per_rank_needs_one_file_per_rank(
     assert "--per-rank needs one checkpoint per rank: got 1 for --tp 2" in capsys.readouterr().err
 
 
-def test_table_output(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
-) -> None:
-    path = write_checkpoint({"w": torch.zeros(32 * MiB)})
+def test_table_output(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = sparse_zeros(tmp_path / "model.safetensors", {"w": (32 * MiB,)})
     assert main(["plan", str(path), "--l2-mib", "16"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[3].split() == [
@@ -170,10 +173,10 @@ def test_table_output(
 
 
 def test_a_shard_given_twice_or_through_an_alias_is_credited_once(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """The report: one 96 MiB shard does not cover a 128 MiB window; read twice it seemed to."""
-    shard = write_checkpoint({"w": torch.zeros(96 * MiB // 4)}, "shard2.safetensors")
+    shard = sparse_zeros(tmp_path / "shard2.safetensors", {"w": (96 * MiB // 4,)})
     (tmp_path / "link.safetensors").symlink_to(shard)
     index = tmp_path / "model.safetensors.index.json"
     index.write_text(json.dumps({"weight_map": {"w": "shard2.safetensors"}}))
@@ -194,10 +197,10 @@ def test_a_shard_given_twice_or_through_an_alias_is_credited_once(
 
 
 def test_a_split_dim_beyond_a_tensors_rank_replicates_it(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    path = write_checkpoint(
-        {"scalar": torch.tensor(1.0), "rows": torch.zeros(4, 8 * MiB), "flat": torch.zeros(MiB)}
+    path = sparse_zeros(
+        tmp_path / "model.safetensors", {"scalar": (), "rows": (4, 8 * MiB), "flat": (MiB,)}
     )
     for dim in ("1", "5", "64"):
         plan = plan_json(capsys, str(path), "--tp", "2", "--split-dim", dim, "--l2-mib", "16")
@@ -210,10 +213,10 @@ def test_a_split_dim_beyond_a_tensors_rank_replicates_it(
 
 
 def test_tensor_names_are_escaped_in_the_table(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     name = "evil\nrank 9  injected\x00\u202eexe.txt" + "x" * 500
-    path = write_checkpoint({name: torch.zeros(32 * MiB)})
+    path = sparse_zeros(tmp_path / "model.safetensors", {name: (32 * MiB,)})
     assert main(["plan", str(path), "--l2-mib", "16"]) == 0
     out = capsys.readouterr().out
     assert "evil\\nrank 9  injected\\x00\\u202eexe.txt" in out
@@ -257,11 +260,11 @@ def test_plan_and_the_startup_table_gain_the_same_kv_tokens(
 
 
 def test_a_rank_that_falls_back_fits_100_columns_with_its_reason_under_it(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     long_name = "model.layers.0." + "very_long_module_name." * 10 + "weight"
-    rank0 = write_checkpoint({long_name: torch.zeros(32 * MiB)}, "rank0.safetensors")
-    rank1 = write_checkpoint({"w.rank1": torch.zeros(MiB)}, "rank1.safetensors")
+    rank0 = sparse_zeros(tmp_path / "rank0.safetensors", {long_name: (32 * MiB,)})
+    rank1 = sparse_zeros(tmp_path / "rank1.safetensors", {"w.rank1": (MiB,)})
     assert main(["plan", str(rank0), str(rank1), "--tp", "2", "--per-rank", "--l2-mib", "16"]) == 1
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -272,10 +275,10 @@ def test_a_rank_that_falls_back_fits_100_columns_with_its_reason_under_it(
 
 
 def test_plan_json_cuts_a_huge_name_as_the_table_does_and_says_so(
-    capsys: pytest.CaptureFixture[str], write_checkpoint: Callable[..., Path]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     name = "w" * 1_000_000
-    path = write_checkpoint({name: torch.zeros(32 * MiB)})
+    path = sparse_zeros(tmp_path / "model.safetensors", {name: (32 * MiB,)})
     assert main(["plan", str(path), "--l2-mib", "16", "--json"]) == 0
     raw = capsys.readouterr().out
     assert len(raw) < 5_000  # not the 2 MB of the name twice

@@ -35,6 +35,7 @@ checkpoints = st.dictionaries(
 )
 
 
+@pytest.mark.slow  # a property test: 60 examples, each a real start-up
 @settings(
     max_examples=60,
     deadline=None,

@@ -113,6 +113,7 @@ def test_this_environment_has_no_problem() -> None:
     assert provider_problem() is None
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_start_up_falls_back_with_one_line_naming_it() -> None:
     """The reference host's start-up, ``import b12x`` blocked (None stands in for no b12x)."""
     run = subprocess.run(
@@ -137,6 +138,7 @@ def test_start_up_falls_back_with_one_line_naming_it() -> None:
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_torch_is_named_by_the_running_module_not_stale_metadata(tmp_path: Path) -> None:
     # Issue 28: a leftover torch-2.3.1.dist-info on sys.path made the hook fall back.
     stale = tmp_path / "torch-2.3.1.dist-info"

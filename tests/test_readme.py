@@ -152,11 +152,48 @@ def run(command: Command, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> int
         return exited.code
 
 
+@dataclass(frozen=True)
+class Ran:
+    """What one command of the docs gave: its exit code, its stdout and its stderr."""
+
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture(scope="module")
+def ran() -> dict[str, Ran]:
+    """Each command's :class:`Ran`, by its place in the docs, filled by :func:`outcome`."""
+    return {}
+
+
+def outcome(
+    command: Command,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    ran: dict[str, Ran],
+) -> Ran:
+    """``command`` run once for the module: the tests that read its exit code, its output or
+    its error line read the same run (a start-up there takes seconds)."""
+    if command.where not in ran:
+        capsys.readouterr()
+        code = run(command, workdir, monkeypatch)
+        out, err = capsys.readouterr()
+        ran[command.where] = Ran(code, out, err)
+    return ran[command.where]
+
+
 @pytest.mark.parametrize("command", cpu_commands(), ids=lambda c: " ".join(c.argv)[:60])
 def test_every_cpu_command_in_the_readme_runs(
-    command: Command, workdir: Path, monkeypatch: pytest.MonkeyPatch
+    command: Command,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    ran: dict[str, Ran],
 ) -> None:
-    assert run(command, workdir, monkeypatch) == command.exit_code, command.where
+    done = outcome(command, workdir, monkeypatch, capsys, ran)
+    assert done.code == command.exit_code, command.where
 
 
 @pytest.mark.gpu
@@ -241,7 +278,8 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> FreshRuns:
     """Each fresh process run once for the module, all at once (each waits on its imports).
 
     Several tests read the same run: the setup command's stdout and its log, a
-    snippet's exit code and its output. Each snippet runs in an empty directory.
+    snippet's exit code and its output. Each snippet runs in an empty directory. Every test
+    that reads them is ``slow``: the edit loop runs no fresh interpreter of the docs.
     """
     started = {"demo": subprocess.Popen(DEMO, stdout=PIPE, stderr=PIPE, text=True)}
     for block in blocks("python"):
@@ -258,6 +296,7 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> FreshRuns:
     return FreshRuns(demo, done)
 
 
+@pytest.mark.slow  # reads the fresh processes' runs
 def test_the_setup_command_prints_its_log_lines_and_each_fact_once_per_stream(
     fresh: FreshRuns,
 ) -> None:
@@ -287,8 +326,19 @@ def _output_blocks() -> list[tuple[Block, Command]]:
     return pairs
 
 
+SETUP_COMMAND = ["flare-l2evict", "startup", "--plugin", "l2evict"]
+"""The README's setup command, whose output a fresh process shows (:data:`DEMO`)."""
+
+
 @pytest.mark.parametrize(
-    ("block", "command"), _output_blocks(), ids=lambda x: str(getattr(x, "where", ""))
+    ("block", "command"),
+    [
+        # The setup command's output is its fresh process's (slow); every other command's is
+        # its run here.
+        pytest.param(b, c, marks=pytest.mark.slow) if c.argv == SETUP_COMMAND else (b, c)
+        for b, c in _output_blocks()
+    ],
+    ids=lambda x: str(getattr(x, "where", "")),
 )
 def test_shown_output_is_what_its_command_prints(
     block: Block,
@@ -296,17 +346,20 @@ def test_shown_output_is_what_its_command_prints(
     workdir: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    fresh: FreshRuns,
+    ran: dict[str, Ran],
+    request: pytest.FixtureRequest,
 ) -> None:
-    if command.argv == ["flare-l2evict", "startup", "--plugin", "l2evict"]:
+    if command.argv == SETUP_COMMAND:
+        fresh: FreshRuns = request.getfixturevalue("fresh")  # only this case needs the runs
         out = fresh.demo.stdout  # the setup command, as a fresh process runs it
     else:
-        capsys.readouterr()
-        assert run(command, workdir, monkeypatch) == command.exit_code, command.where
-        out = capsys.readouterr().out
+        done = outcome(command, workdir, monkeypatch, capsys, ran)
+        assert done.code == command.exit_code, command.where
+        out = done.out
     assert out == block.text, f"{block.where}: not what {command.where} prints"
 
 
+@pytest.mark.slow  # reads the fresh processes' runs
 def test_the_readme_snippet_logs_what_it_shows_once_and_never_advises_zero_jobs(
     fresh: FreshRuns,
 ) -> None:
@@ -325,6 +378,7 @@ def test_the_readme_snippet_logs_what_it_shows_once_and_never_advises_zero_jobs(
     assert "must route that logger at INFO" in README.read_text(encoding="utf-8")
 
 
+@pytest.mark.slow  # reads the fresh processes' runs
 def test_the_without_flare_snippet_shows_its_whole_output(fresh: FreshRuns) -> None:
     # Issue 27: every line a program sees names its own arguments and its with block.
     snippet = next(b for b in blocks("python") if "evicting_from" in b.text)
@@ -349,11 +403,11 @@ def test_the_readme_error_commands_print_one_line_of_one_shape(
     workdir: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    ran: dict[str, Ran],
 ) -> None:
-    capsys.readouterr()
-    assert run(command, workdir, monkeypatch) == 2, command.where
-    out, err = capsys.readouterr()
-    assert out == "" and _ERROR.match(err), f"{command.where}: {err!r}"
+    done = outcome(command, workdir, monkeypatch, capsys, ran)
+    assert done.code == 2, command.where
+    assert done.out == "" and _ERROR.match(done.err), f"{command.where}: {done.err!r}"
 
 
 def test_yaml_needs_the_extra_everywhere_it_is_said(
@@ -411,6 +465,7 @@ def test_readme_bench_flags_are_the_bench_help_flags() -> None:
     assert _usage_flags(_readme_usage(PROG)) == _help_flags(parser())
 
 
+@pytest.mark.slow  # reads the fresh processes' runs
 def test_every_python_snippet_runs(fresh: FreshRuns) -> None:
     snippets = blocks("python")
     assert snippets and set(fresh.snippets) == {block.where for block in snippets}

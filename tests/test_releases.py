@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import zipfile
 from pathlib import Path
 
 import pytest
+from support.fake_b12x import wheel_without_b12x
 from support.scripts import script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,10 +80,7 @@ def test_judging_a_release_writes_its_row_and_the_readme(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A wheel stand-in (a flashinfer-python 0.7.9 wheel without b12x) in the download cache."""
-    cache = tmp_path / "wheels"
-    cache.mkdir()
-    with zipfile.ZipFile(cache / "flashinfer_python-0.7.9-py3-none-any.whl", "w") as wheel:
-        wheel.writestr("flashinfer/__init__.py", "")
+    cache = wheel_without_b12x(tmp_path / "wheels").parent
     table, readme = tmp_path / "table.json", tmp_path / "b12x.md"
     table.write_text(json.dumps(releases.read_table()))
     readme.write_text((ROOT / "docs" / "b12x.md").read_text())
@@ -108,6 +105,7 @@ def test_judging_a_release_writes_its_row_and_the_readme(
     capsys.readouterr()
 
 
+@pytest.mark.slow  # pip download, offline
 def test_judging_a_release_the_registry_lacks_is_one_line_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -83,6 +83,7 @@ print(audit.summary())
 """
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_an_audit_never_says_no_race_ran_and_that_races_used_the_credit() -> None:
     from support.python_child import run_python
 

@@ -219,6 +219,7 @@ except ConfigError as error:
 """
 
 
+@pytest.mark.slow  # a fresh interpreter, as another user where the run is root's
 def test_an_unreadable_config_is_named_a_permission_error(tmp_path: Path) -> None:
     import os
     import subprocess
@@ -285,6 +286,7 @@ def test_a_key_given_twice_is_refused_not_last_one_wins(
 
 
 # Bounded in time and bytes: no value or file hangs the parser or is read whole.
+@pytest.mark.slow  # a fresh interpreter (a hang fails by its timeout)
 def test_a_window_of_spaces_answers_at_once() -> None:
     """Was over 60 s: the size pattern backtracked quadratically. A 10 s guard, not a speed test."""
     out = run_python(
@@ -418,6 +420,7 @@ for config in (
 """
 
 
+@pytest.mark.slow  # a fresh interpreter (a hang fails by its timeout)
 def test_a_section_of_endless_or_a_million_keys_is_refused_naming_the_cap() -> None:
     from flare_l2evict._settings import MAX_SECTION_KEYS
 
@@ -428,6 +431,7 @@ def test_a_section_of_endless_or_a_million_keys_is_refused_naming_the_cap() -> N
     assert f"at most {MAX_EXCLUDE_PATTERNS}" in endless_list, endless_list
 
 
+@pytest.mark.slow  # a fresh interpreter (a hang fails by its timeout)
 def test_mappings_on_the_path_to_the_section_are_read_in_bounded_time() -> None:
     # Asked for one key each; a missing section has a bounded prefix of their keys read for
     # a near miss of its name (test_config_near_miss.py), never all of them.

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from support.fake_b12x import use_fork_api
 from support.figures import MiB
 from support.hosts import (
     CREDIT,
@@ -325,9 +326,7 @@ def test_an_interrupt_inside_the_forks_undo_keeps_the_audit_and_restores(
             raise KeyboardInterrupt("a signal during the fork's undo")
         handed.append(storage)
 
-    module = types.ModuleType("b12x.comm.pcie")
-    module.use_startup_eviction = fork_stand_in  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "b12x.comm.pcie", module)
+    use_fork_api(monkeypatch, fork_stand_in)
     host = runtime()
     assert hook(host).mechanism == "fork"
     with caplog.at_level(logging.INFO, logger="flare_l2evict"), pytest.raises(KeyboardInterrupt):

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.fake_b12x import wheel_without_b12x
 from support.scripts import script
 from support.stderr import the_error
 
@@ -128,6 +129,7 @@ def test_a_truncated_shipped_release_table_is_one_line(
 # --- startup -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch
 def test_an_mmap_refused_for_memory_is_one_line(tmp_path: Path) -> None:
     """A real refusal: a 64 GiB sparse checkpoint under an 12 GB address-space limit.
 
@@ -237,12 +239,7 @@ def test_a_run_that_compares_nothing_never_says_judged_as_recorded(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A flipped row, judged without --check: the run says it compared nothing, and progress."""
-    import zipfile
-
-    cache = tmp_path / "wheels"
-    cache.mkdir()
-    with zipfile.ZipFile(cache / "flashinfer_python-0.7.9-py3-none-any.whl", "w") as wheel:
-        wheel.writestr("flashinfer/__init__.py", "")
+    cache = wheel_without_b12x(tmp_path / "wheels").parent
     table = tmp_path / "table.json"
     flipped = {"flashinfer-python==0.7.9": {"installs": True, "reason": "flipped"}}
     table.write_text(json.dumps(flipped))

@@ -1,15 +1,22 @@
-"""Tensor-parallel agreement over real torch.distributed (gloo), one process per rank."""
+"""Tensor-parallel agreement over real torch.distributed (gloo), one process per rank.
+
+One set-up serves every test: TP2's two ranks and TP4's four are spawned once, both worlds at
+the same time, and each rank runs every scenario of ``support/tp_scenarios.py`` in turn (a
+barrier between two). Each test reads its scenario's results for both world sizes. Most of
+the set-up's time is the agreement's bounded wait in two scenarios (``group_other``,
+``late``: 5 s each), which the two worlds spend together.
+"""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from support.figures import OWN, MiB
-from support.tp_scenarios import worker
-from torch.multiprocessing.spawn import start_processes
+from support.terminal import say
+from support.tp_scenarios import run_worlds
+
+pytestmark = pytest.mark.slow  # six spawned interpreters, each importing torch
 
 STOCK = 64 * MiB  # max(2 x 16 MiB, 64 MiB)
 SCENARIOS = [
@@ -26,25 +33,33 @@ SCENARIOS = [
     "group_other",
     "late",
     "program_block_first",
+    "measured",
+    "measured_one",
 ]
+WORLD_SIZES = (2, 4)
 
 
-def run_ranks(world_size: int, tmp_path: Path) -> list[dict[str, Any]]:
-    start_processes(  # type: ignore[no-untyped-call]
-        worker,
-        args=(world_size, str(tmp_path / "store"), str(tmp_path), SCENARIOS),
-        nprocs=world_size,
-        join=True,
-        start_method="spawn",
-    )
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
-
-
-@pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
-def ranks(
+@pytest.fixture(scope="module")
+def worlds(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> list[dict[str, Any]]:
-    return run_ranks(request.param, tmp_path_factory.mktemp(f"tp{request.param}"))
+) -> dict[int, list[dict[str, Any]]]:
+    """Every rank's results of every scenario, by world size: one spawn for the module."""
+    # Issue 41: a set-up that spawns processes says so, past pytest's capture.
+    ranks = " + ".join(map(str, WORLD_SIZES))
+    sizes = ", ".join(f"tp{size}" for size in WORLD_SIZES)
+    say(
+        request.config,
+        f"test_tp_gloo: spawning {ranks} gloo ranks ({sizes}, at once) "
+        f"for {len(SCENARIOS)} scenarios each, ~20 s",
+    )
+    directories = {size: tmp_path_factory.mktemp(f"tp{size}") for size in WORLD_SIZES}
+    return run_worlds(directories, SCENARIOS)
+
+
+@pytest.fixture(params=WORLD_SIZES, ids=[f"tp{size}" for size in WORLD_SIZES])
+def ranks(request: pytest.FixtureRequest, worlds: dict[int, list[dict[str, Any]]]) -> Any:
+    """Each rank's results, in rank order, for one world size."""
+    return worlds[request.param]
 
 
 def reports(ranks: list[dict[str, Any]], scenario: str) -> list[dict[str, Any]]:
@@ -178,3 +193,28 @@ def test_a_program_block_on_one_rank_does_not_shift_the_next_agreement(
     assert len(got) == len(ranks)
     assert {r["reclaimed_bytes"] for r in got} == {5 * STOCK - OWN}
     assert {rank["program_block_first"]["credited"] for rank in ranks} == {5 * STOCK - OWN}
+
+
+def test_ranks_that_all_measure_install_and_credit_nothing(ranks: list[dict[str, Any]]) -> None:
+    for rank, results in enumerate(ranks):
+        got = results["measured"]
+        report = got["report"]
+        assert report["rank"] == rank and report["kv_sizing"] == "measured"
+        assert report["reclaimed_bytes"] == 0 and report["unallocated_bytes"] == 5 * STOCK - OWN
+        assert got["installed"] and (got["credited"], got["offers"]) == (0, 0)
+
+
+def test_one_rank_measured_and_the_others_reserved_is_a_contract_error_crediting_nothing(
+    ranks: list[dict[str, Any]],
+) -> None:
+    last = len(ranks) - 1  # the one rank that measures
+    for results in ranks:
+        got = results["measured_one"]
+        report = got["report"]
+        assert report["reclaimed_bytes"] == report["unallocated_bytes"] == 0
+        assert report["mechanism"] == "none" and not got["installed"]
+        assert (got["credited"], got["offers"]) == (0, 0)
+        reason = report["reason"]
+        assert reason.startswith("plugin settings differ across ranks (rank 0: "), reason
+        assert f"rank {last}: " in reason and '"kv_sizing": "measured"' in reason
+        assert "runtime.kv_sizing" in reason.partition("; fix: ")[2]

@@ -154,6 +154,7 @@ def test_skipped_storages_are_counted_by_reason_with_a_few_names(
     )
 
 
+@pytest.mark.slow  # a fresh interpreter of the command line
 def test_the_console_command_routes_debug_to_stderr(model: Path) -> None:
     """As an operator runs it: a fresh ``python -m flare_l2evict``, its DEBUG lines on stderr."""
     done = subprocess.run(

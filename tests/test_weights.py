@@ -418,6 +418,7 @@ def test_odd_values_are_named_by_their_type(value: object) -> None:
 
 
 # Borrowed memory: storages that do not own their memory are never read.
+@pytest.mark.slow  # support/freed_memory.py's fresh interpreter
 def test_slices_without_their_owner_are_refused_by_name() -> None:
     got = freed("slice-alone")
     assert got["credited"] == 0

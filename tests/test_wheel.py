@@ -14,6 +14,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # pip builds the wheel
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "bench"
 # What a build never reads, and the checkout's own outputs; everything else is copied.

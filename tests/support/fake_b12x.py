@@ -4,6 +4,9 @@ Each fake is a package ``b12x`` with ``preparation._measurement`` and
 ``preparation.session`` shaped like stock b12x 1.5, with one fault. Its seam
 allocates on the CPU and records every buffer's bytes in ``ALLOCATED`` so a
 test can count what the races really allocated.
+
+Also the fork's API put into the loaded b12x (:func:`use_fork_api`), and a flashinfer-python
+wheel that ships no b12x (:func:`wheel_without_b12x`) for ``scripts/b12x_releases.py``.
 """
 
 from __future__ import annotations
@@ -11,11 +14,14 @@ from __future__ import annotations
 import importlib
 import sys
 import textwrap
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from flare_l2evict._b12x.table import rows
 
 MEASUREMENT = """
 import torch
@@ -163,3 +169,30 @@ def job_evictions(jobs: int) -> list[Callable[[], object]]:
     for eviction in made:
         eviction()
     return made
+
+
+def use_fork_api(
+    monkeypatch: pytest.MonkeyPatch, use_startup_eviction: Callable[..., object]
+) -> ModuleType:
+    """Make the loaded b12x a fork for this test: the fork row's module (``b12x.comm.pcie``)
+    holds ``use_startup_eviction``, a stand-in for the fork's API (one that notes each storage
+    it is handed, refuses ``None``, or has another signature). Returns that module.
+
+    The plugin checks its signature against the row's ``(storage)``: a builtin such as
+    ``list.append`` (``(object, /)``) is refused as a fork of another shape.
+    """
+    (row,) = rows("fork")
+    module = ModuleType(row.module_path)
+    setattr(module, row.function, use_startup_eviction)
+    monkeypatch.setitem(sys.modules, row.module_path, module)
+    return module
+
+
+def wheel_without_b12x(cache: Path, version: str = "0.7.9") -> Path:
+    """A flashinfer-python wheel stand-in in ``cache`` (made if missing): its ``flashinfer``
+    package ships no b12x, as a release that dropped it would. Returns the wheel's path."""
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"flashinfer_python-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr("flashinfer/__init__.py", "")
+    return path

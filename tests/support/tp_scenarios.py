@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import traceback
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 import flare_l2evict
 from support.figures import MiB
@@ -35,24 +36,29 @@ class RaisingRuntimeStandIn:
         raise RuntimeError("host lost its checkpoint")
 
 
-class SlowRuntimeStandIn:
-    """A host runtime whose resident_tensors() takes longer than the agreement's wait."""
+class LateRuntimeStandIn:
+    """A host runtime whose resident_tensors() returns only once every other rank's hook has
+    returned: this rank reaches the agreement after the others stopped waiting for it.
+
+    Waiting for the others' word, not sleeping past their wait, makes "after" certain on a
+    loaded machine and costs only the others' bounded wait.
+    """
 
     kv_allocator: ReferenceKVAllocator
     tensors: dict[str, torch.Tensor]
 
-    def __init__(self, base: object, seconds: float) -> None:
+    def __init__(self, base: object, others_done: Callable[[], None]) -> None:
         self.__dict__.update(base.__dict__)
-        self.seconds = seconds
+        self.others_done = others_done
 
     def resident_tensors(self) -> object:
-        time.sleep(self.seconds)
+        self.others_done()
         return self.tensors
 
 
 def _runtime(
-    scenario: str, rank: int, world_size: int
-) -> ReferenceRuntime | RaisingRuntimeStandIn | SlowRuntimeStandIn:
+    scenario: str, rank: int, world_size: int, events: distributed_c10d.Store
+) -> ReferenceRuntime | RaisingRuntimeStandIn | LateRuntimeStandIn:
     from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime
 
     # Each rank holds its own shard: a 64 MiB expert block per rank.
@@ -99,8 +105,13 @@ def _runtime(
     if scenario.startswith("raises") and rank == 1:
         return RaisingRuntimeStandIn(runtime)
     if scenario == "late" and rank == 1:
-        return SlowRuntimeStandIn(runtime, 15.0)  # well past the 5 s wait the others give it
+        others = [_LATE_DONE.format(r) for r in range(world_size) if r != 1]
+        return LateRuntimeStandIn(runtime, lambda: events.wait(others, timedelta(seconds=120)))
     return runtime
+
+
+_LATE_DONE = "tests/late/{}"
+"""The key a rank sets in the job's store once its hook of the ``late`` scenario returned."""
 
 
 def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str]) -> None:
@@ -115,12 +126,15 @@ def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str
     from flare_l2evict.tools.reference_host import plugin_manager
     from support.hosts import seam_is_ours
 
+    # The ranks' own word to each other: keys of their own in the job's store, beside the
+    # plugin's votes (flare_l2evict/agree/...).
+    events = distributed_c10d._get_default_store()
     pm = plugin_manager(["l2evict"])
     results = {}
     for scenario in scenarios:
         # A short wait where a rank is meant to miss the agreement; the default elsewhere.
         _agree.AGREE_TIMEOUT_S = 5.0 if scenario in ("group_other", "late") else 120.0
-        runtime = _runtime(scenario, rank, world_size)
+        runtime = _runtime(scenario, rank, world_size, events)
         if scenario == "program_block_first" and rank == 1:
             # A warm-up benchmark on one rank only: its block must not be counted as this
             # rank's share of the next tensor-parallel agreement.
@@ -140,6 +154,8 @@ def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str
             results[scenario] = {"raised": f"{type(error).__name__}: {error}"}
             results[scenario]["trace"] = traceback.format_exc(limit=2)
             results[scenario]["credited"] = runtime.kv_allocator.reclaimed_bytes
+        if scenario == "late" and rank != 1:
+            events.set(_LATE_DONE.format(rank), "returned")  # rank 1 may come now: too late
         pm.hook.startup_complete(runtime=runtime)
         dist.barrier()
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
@@ -150,15 +166,36 @@ def worker(rank: int, world_size: int, store: str, out: str, scenarios: list[str
     os._exit(0)
 
 
-def run_ranks(world_size: int, tmp_path: Path, scenarios: list[str]) -> list[dict[str, Any]]:
-    """Each rank's results of ``scenarios``, run by :func:`worker` in one process per rank."""
+def run_worlds(
+    directories: Mapping[int, Path], scenarios: list[str]
+) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's results of ``scenarios``, by world size: for every world size in
+    ``directories``, one process per rank runs :func:`worker`, every world at the same time.
+
+    The worlds share nothing (each has its own store in its own directory); together, the
+    agreement's bounded waits of one overlap the others' and the spawns share the cores.
+    """
     from torch.multiprocessing.spawn import start_processes
 
-    start_processes(  # type: ignore[no-untyped-call]
-        worker,
-        args=(world_size, str(tmp_path / "store"), str(tmp_path), scenarios),
-        nprocs=world_size,
-        join=True,
-        start_method="spawn",
-    )
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
+    running = [
+        start_processes(  # type: ignore[no-untyped-call]
+            worker,
+            args=(size, str(directory / "store"), str(directory), scenarios),
+            nprocs=size,
+            join=False,
+            start_method="spawn",
+        )
+        for size, directory in directories.items()
+    ]
+    try:
+        while running:  # a rank that fails raises here at once, naming its world's error
+            running = [context for context in running if not context.join(timeout=1)]
+    finally:  # its own world's ranks are ended by then; the other worlds' are ended here
+        for process in (p for context in running for p in context.processes):
+            if process.is_alive():
+                process.kill()
+                process.join()
+    return {
+        size: [json.loads((directory / f"rank{r}.json").read_text()) for r in range(size)]
+        for size, directory in directories.items()
+    }
