@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, strategies as st
 from safetensors.torch import save_file
-from support.figures import KV_BYTES_PER_TOKEN as KV, MiB
+from support.checkpoints import SECTION, SIZES, names, property_test, section
+from support.figures import KV_BYTES_PER_TOKEN as KV
 from support.json_output import parsed
 
 from flare_l2evict.tools import main
@@ -28,14 +29,7 @@ from flare_l2evict.tools.reference_host import PROFILES
 
 pytest.importorskip("b12x.preparation._measurement")
 
-KiB = 1 << 10
-names = st.from_regex(r"model\.layers\.[0-9]{1,2}\.(mlp|attn)\.[a-z_]{1,8}", fullmatch=True)
-checkpoints = st.dictionaries(
-    names,
-    st.sampled_from([0, 1, 64 * KiB, 256 * KiB, 512 * KiB, 768 * KiB, MiB]),
-    min_size=1,
-    max_size=6,
-)
+checkpoints = st.dictionaries(names, st.sampled_from(SIZES), min_size=1, max_size=6)
 
 
 def _check(
@@ -59,18 +53,8 @@ def _check(
 
 
 @pytest.mark.slow  # a property test: 40 examples, each a checkpoint written and checked twice
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(
-    sizes=checkpoints,
-    window_kib=st.sampled_from([1024, 1536, 2048, 3072]),
-    exclude=st.sampled_from([[], ["*.attn.*"], ["model.layers.1*"]]),
-    race_jobs=st.integers(0, 6),
-    enabled=st.sampled_from([True, True, True, False]),
-)
+@property_test(40)
+@given(sizes=checkpoints, **SECTION)
 def test_check_agrees_with_plan_and_without_the_checkpoint_names_what_plan_tests(
     tmp_path_factory: pytest.TempPathFactory,
     capsys: pytest.CaptureFixture[str],
@@ -82,8 +66,7 @@ def test_check_agrees_with_plan_and_without_the_checkpoint_names_what_plan_tests
 ) -> None:
     path = tmp_path_factory.mktemp("ckpt") / "model.safetensors"
     save_file({name: torch.ones(n // 4) for name, n in sizes.items()}, str(path))
-    section = {"window": window_kib * KiB, "exclude": exclude, "enabled": enabled}
-    config = {"plugins": {"l2evict": section}}
+    config = section(window_kib, exclude, enabled)
     headers = read_checkpoint([path])
     (rank,) = plan_ranks(
         [shard_of(headers)],

@@ -65,7 +65,7 @@ from support.hosts import (
     runtime,
     seam_is_ours,
 )
-from support.startups import end_any, installed
+from support.startups import end_any, installed, restore_paused
 
 import flare_l2evict
 from flare_l2evict import (
@@ -624,30 +624,10 @@ def test_a_stale_restore_on_another_thread_never_undoes_the_next_start_ups_insta
     use_fork_api(monkeypatch, lambda storage: handed.append(storage))
     first, second = runtime(), runtime()
     assert hook(first).mechanism == "fork"
-    code = Startup._restore.__wrapped__.__code__  # type: ignore[attr-defined]
-    target = _line_of(Startup._restore.__wrapped__, "for step in steps:")  # type: ignore[attr-defined]
-    paused, resume = threading.Event(), threading.Event()
-
-    def local(frame: Any, event: str, arg: Any) -> Any:
-        if event == "line" and frame.f_lineno == target and not paused.is_set():
-            paused.set()
-            resume.wait(DEADLINE)  # the scheduler preempts the operator's thread here
-        return local
-
-    def operator() -> None:
-        sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
-        try:
-            flare_l2evict.restore()
-        finally:
-            sys.settrace(None)
-
-    other = threading.Thread(target=operator)
-    other.start()
-    assert paused.wait(DEADLINE)
-    complete(first)
-    assert hook(second).reclaimed_bytes == CREDIT and handed[-1] is not None
-    resume.set()
-    other.join()
+    restore = Startup._restore.__wrapped__  # type: ignore[attr-defined]
+    with restore_paused(restore.__code__, _line_of(restore, "for step in steps:")):
+        complete(first)
+        assert hook(second).reclaimed_bytes == CREDIT and handed[-1] is not None
     assert handed[-1] is not None, "a stale undo of the last start-up unhooked this one"
     audit = complete(second)
     assert audit.credited_bytes == CREDIT and handed[-1] is None

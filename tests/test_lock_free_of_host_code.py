@@ -25,7 +25,6 @@ import json
 import logging
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
@@ -34,6 +33,7 @@ import torch
 from support.fake_b12x import use_fork_api
 from support.figures import MiB
 from support.hosts import CREDIT, JOBS, L2, complete, hook, runtime, seam_is_ours, weights
+from support.startups import restore_paused
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -368,32 +368,10 @@ def test_a_restore_paused_after_claiming_an_undo_step_keeps_the_slot_until_it_ra
     use_fork_api(monkeypatch, lambda storage: handed.append(storage))
     first, second = runtime(), runtime()
     assert hook(first).mechanism == "fork"
-    code = Startup._undone.__code__
-    paused, resume = threading.Event(), threading.Event()
-
-    def local(frame: Any, event: str, arg: Any) -> Any:
-        if event == "line" and not paused.is_set():
-            paused.set()
-            resume.wait(DEADLINE)  # the scheduler preempts the operator's thread here
-        return local
-
-    def operator() -> None:
-        sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
-        try:
-            flare_l2evict.restore()
-        finally:
-            sys.settrace(None)
-
-    other = threading.Thread(target=operator)
-    other.start()
-    assert paused.wait(DEADLINE)
-    try:
-        complete(first)  # A ends; its claimed step has not run yet
+    with restore_paused(Startup._undone.__code__):
+        complete(first)  # A ends; the operator's claimed step has not run yet
         refused = hook(second)
         assert refused.reclaimed_bytes == 0 and "closing" in (refused.reason or ""), refused
-    finally:
-        resume.set()
-        other.join()
     assert handed[-1] is None and Startup.active() is None  # the step ran; then the slot freed
     assert hook(second).reclaimed_bytes == CREDIT and handed[-1] is not None
     complete(second)

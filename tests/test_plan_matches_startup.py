@@ -11,9 +11,10 @@ import dataclasses
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, strategies as st
 from safetensors.torch import save_file
-from support.figures import KV_BYTES_PER_TOKEN as KV, MiB
+from support.checkpoints import SECTION, SIZES, names, property_test, section
+from support.figures import KV_BYTES_PER_TOKEN as KV
 
 from flare_l2evict.tools._headers import read_checkpoint
 from flare_l2evict.tools._inputs import settings_from_config
@@ -22,32 +23,17 @@ from flare_l2evict.tools.reference_host import PROFILES, ReferenceHost
 
 pytest.importorskip("b12x.preparation._measurement")
 
-KiB = 1 << 10
-names = st.from_regex(r"model\.layers\.[0-9]{1,2}\.(mlp|attn)\.[a-z_]{1,8}", fullmatch=True)
 checkpoints = st.dictionaries(
     names,
-    st.tuples(
-        st.sampled_from([0, 1, 64 * KiB, 256 * KiB, 512 * KiB, 768 * KiB, MiB]),
-        st.sampled_from([torch.float32, torch.bfloat16]),
-    ),
+    st.tuples(st.sampled_from(SIZES), st.sampled_from([torch.float32, torch.bfloat16])),
     min_size=1,
     max_size=6,
 )
 
 
 @pytest.mark.slow  # a property test: 60 examples, each a real start-up
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(
-    shapes=checkpoints,
-    window_kib=st.sampled_from([1024, 1536, 2048, 3072]),
-    exclude=st.sampled_from([[], ["*.attn.*"], ["model.layers.1*"]]),
-    race_jobs=st.integers(0, 6),
-    enabled=st.sampled_from([True, True, True, False]),
-)
+@property_test(60)
+@given(shapes=checkpoints, **SECTION)
 def test_plan_credits_what_startup_credits_never_more(
     tmp_path_factory: pytest.TempPathFactory,
     shapes: dict[str, tuple[int, torch.dtype]],
@@ -58,8 +44,7 @@ def test_plan_credits_what_startup_credits_never_more(
 ) -> None:
     path = tmp_path_factory.mktemp("ckpt") / "model.safetensors"
     save_file({name: torch.ones(n, dtype=dtype) for name, (n, dtype) in shapes.items()}, str(path))
-    config = {"plugins": {"l2evict": {"window": window_kib * KiB, "exclude": exclude}}}
-    config["plugins"]["l2evict"]["enabled"] = enabled
+    config = section(window_kib, exclude, enabled)
     profile = dataclasses.replace(PROFILES["h100"], race_jobs=race_jobs)
 
     (rank,) = plan_ranks(
