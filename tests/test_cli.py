@@ -367,6 +367,7 @@ def test_every_error_has_one_shape(
     assert "re-download" not in err
 
 
+@pytest.mark.slow  # three full start-ups of the reference host
 def test_startup_takes_an_index_or_its_shards_as_one_checkpoint(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

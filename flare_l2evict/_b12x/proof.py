@@ -97,11 +97,17 @@ def fork_api() -> Callable[..., Any] | None:
     return None
 
 
+_SUBMODULES = tuple(root + "." for root in ROOTS)
+
+
 def _loaded_b12x() -> list[types.ModuleType]:
+    # One C-level test per module: a server has thousands loaded, and every start-up scans.
     seen: dict[int, types.ModuleType] = {}
     for name, module in list(sys.modules.items()):
-        if isinstance(module, types.ModuleType) and any(
-            name == root or name.startswith(root + ".") for root in ROOTS
+        if (
+            isinstance(name, str)
+            and (name in ROOTS or name.startswith(_SUBMODULES))
+            and isinstance(module, types.ModuleType)
         ):
             seen.setdefault(id(module), module)
     return list(seen.values())
