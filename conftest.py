@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -119,6 +120,18 @@ def _stock_b12x_after_each_test() -> Iterator[None]:
 
     end_any()
     flare_l2evict.restore()
+
+
+@pytest.fixture
+def interruptible() -> Iterator[None]:
+    """Ctrl-C as an interactive shell's foreground job has it (Python's own handler), whatever
+    this run inherited: a run started with `&` from a script has SIGINT ignored."""
+    inherited = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if inherited is None else inherited)
 
 
 @pytest.fixture

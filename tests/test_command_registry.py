@@ -103,6 +103,7 @@ def _interrupt_after_printing(*printed: Any, **how: Any) -> None:
     os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, once the output is out
 
 
+@pytest.mark.usefixtures("interruptible")
 def test_once_the_output_is_complete_the_exit_code_is_the_one_it_states(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
@@ -123,6 +124,7 @@ def test_once_the_output_is_complete_the_exit_code_is_the_one_it_states(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
 
 
+@pytest.mark.usefixtures("interruptible")
 def test_settled_outside_a_command_leaves_the_programs_handlers() -> None:
     settled()  # a program calling a command's function directly: its handlers are its own
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -84,6 +84,7 @@ def test_an_interruption_right_after_a_file_is_made_leaves_the_directory_as_it_w
     assert _contents(out) == before
 
 
+@pytest.mark.usefixtures("interruptible")
 def test_ctrl_c_while_the_files_are_moved_in_puts_every_one_back(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -192,3 +193,30 @@ def test_a_second_example_replaces_the_first_and_leaves_no_staging(
     capsys.readouterr()
     assert sorted(p.name for p in out.iterdir()) == sorted([*EXAMPLE_FILES, "notes.txt"])
     assert (out / "model.safetensors").read_bytes() != _OLD
+
+
+def test_a_signal_the_caller_ignores_stays_ignored(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started with `&` from a script (SIGINT and SIGTERM ignored), a Ctrl-C at the terminal
+    must not stop the command: it writes every file, exits 0, and leaves both ignored."""
+    out, _ = _before(tmp_path)
+    inherited = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
+
+    def ctrl_c_and_term() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(os, "replace", _on_call(3, ctrl_c_and_term, os.replace))
+    for number in inherited:
+        signal.signal(number, signal.SIG_IGN)
+    try:
+        code = main(["example", "--out", str(out)])
+        after = {n: signal.getsignal(n) for n in inherited}
+    finally:
+        for number, handler in inherited.items():
+            signal.signal(number, handler)
+    said = capsys.readouterr()
+    assert code == 0 and "wrote 10 files" in said.out, said
+    assert sorted(p.name for p in out.iterdir()) == sorted({*EXAMPLE_FILES, "notes.txt"})
+    assert after == {signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN}

@@ -61,8 +61,9 @@ def _interrupts_held(settle: bool) -> Iterator[_Held]:
         held.signum = signum
 
     previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    for number in previous:
-        signal.signal(number, hold)
+    for number, handler in previous.items():
+        if handler is not signal.SIG_IGN:  # what the caller ignores (`cmd &`, nohup) stays so
+            signal.signal(number, hold)
     done = False
     try:
         yield held

@@ -450,7 +450,8 @@ def signals_of_a_command() -> Iterator[None]:
         yield  # signals reach the main thread only
         return
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGTERM, _terminate)
+    if handlers[signal.SIGTERM] is not signal.SIG_IGN:  # ignored by the caller: stays ignored
+        signal.signal(signal.SIGTERM, _terminate)
     _running.append(True)
     try:
         yield
