@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
+import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -485,3 +487,40 @@ def test_the_hook_never_raises_and_never_over_credits(
             assert credited == report.reclaimed_bytes
     finally:
         end_any()
+
+
+class _SelfishName(str):
+    """A module name whose own methods raise: the scan of sys.modules must never call them."""
+
+    def startswith(self, *args: Any) -> bool:
+        raise RuntimeError("host str.startswith")
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("host str.__eq__")
+
+    __hash__ = str.__hash__
+
+
+class _PosingAsAModule:
+    __class__ = types.ModuleType  # type: ignore[assignment]  # isinstance() says module
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (1, types.ModuleType("one")),
+        (b"b12x", types.ModuleType("bytes")),
+        (("b12x",), types.ModuleType("tuple")),
+        (_SelfishName("b12x.selfish"), types.ModuleType("selfish")),
+        ("b12x.posing", _PosingAsAModule()),
+        ("b12xfoo", types.ModuleType("b12xfoo")),
+    ],
+    ids=["int", "bytes", "tuple", "str-subclass", "posing-module", "b12xfoo"],
+)
+def test_odd_entries_in_sys_modules_are_skipped_and_the_start_up_credits(
+    key: Any, value: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 41: a scan that called each key's startswith fell back, 0 bytes, on an int key.
+    monkeypatch.setitem(sys.modules, key, value)
+    host = runtime()
+    assert hook(host).reclaimed_bytes == CREDIT

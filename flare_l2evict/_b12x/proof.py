@@ -11,7 +11,6 @@ import importlib
 import inspect
 import itertools
 import logging
-import operator
 import sys
 import types
 from collections.abc import Callable
@@ -100,17 +99,21 @@ def fork_api() -> Callable[..., Any] | None:
 
 
 _SUBMODULES = tuple(root + "." for root in ROOTS)
-_NAMED_LIKE_A_ROOT = operator.methodcaller("startswith", ROOTS)
 
 
 def _loaded_b12x() -> list[types.ModuleType]:
     # The thousands of names a server has loaded are tested in C (map, compress): every
-    # start-up scans, and a Python loop over them was most of a start-up's own time.
+    # start-up scans, and a Python loop over them was most of a start-up's own time. A key
+    # that is no str is skipped, and a str subclass's own methods never run.
     names = list(sys.modules)
+    texts = list(itertools.compress(names, map(isinstance, names, itertools.repeat(str))))
     seen: dict[int, types.ModuleType] = {}
-    for name in itertools.compress(names, map(_NAMED_LIKE_A_ROOT, names)):
+    for name in itertools.compress(texts, map(str.startswith, texts, itertools.repeat(ROOTS))):
+        text = str.__str__(name)
         module = sys.modules.get(name)
-        if (name in ROOTS or name.startswith(_SUBMODULES)) and isinstance(module, types.ModuleType):
+        if (text in ROOTS or text.startswith(_SUBMODULES)) and issubclass(
+            type(module), types.ModuleType
+        ):
             seen.setdefault(id(module), module)
     return list(seen.values())
 
