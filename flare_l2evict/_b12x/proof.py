@@ -15,7 +15,7 @@ import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -114,7 +114,7 @@ def _loaded_b12x() -> list[types.ModuleType]:
         if (text in ROOTS or text.startswith(_SUBMODULES)) and issubclass(
             type(module), types.ModuleType
         ):
-            seen.setdefault(id(module), module)
+            seen.setdefault(id(module), cast(types.ModuleType, module))
     return list(seen.values())
 
 
