@@ -198,3 +198,60 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly() -> None:
         child.stdout.close()  # the reader leaves before the command writes
         err = child.stderr.read()
         assert child.wait(timeout=120) == 141 and err == b"", err
+
+
+def _a_programs_handler(signum: int, _frame: object) -> None:
+    raise AssertionError(f"the program's own handler ran for signal {signum}")
+
+
+@pytest.mark.usefixtures("interruptible")
+def test_a_sigterm_the_moment_the_command_takes_it_still_gives_the_handler_back(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    # Issue 41: installed before its try, a SIGTERM right after left the command's handler
+    # in a program that called main() (and so did a signal between example's two).
+    real = signal.signal
+
+    def term_once_set(number: int, handler: Any) -> Any:
+        before = real(number, handler)
+        if number == signal.SIGTERM and handler not in (signal.SIG_IGN, _a_programs_handler):
+            os.kill(os.getpid(), signal.SIGTERM)  # the operator's SIGTERM lands right now
+        return before
+
+    inherited = real(signal.SIGTERM, _a_programs_handler)
+    try:
+        monkeypatch.setattr(signal, "signal", term_once_set)
+        code = main(["example", "--out", str(tmp_path / "ex")])
+        monkeypatch.undo()
+        after = signal.getsignal(signal.SIGTERM)
+    finally:
+        real(signal.SIGTERM, inherited)
+    assert code == 130 and "interrupted" in capsys.readouterr().err
+    assert after is _a_programs_handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.usefixtures("interruptible")
+def test_a_handler_python_cannot_see_is_left_alone(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    # Issue 41: in an embedding C host, getsignal() is None for the host's own handlers; a
+    # command put SIG_DFL in their place. (Stand-in: that host cannot exist in a test
+    # process, so getsignal says None for SIGTERM, as it would there.)
+    seen = signal.getsignal
+
+    def as_in_a_c_host(number: int) -> Any:
+        return None if number == signal.SIGTERM else seen(number)
+
+    changed: list[int] = []
+    real = signal.signal
+
+    def recorded(number: int, handler: Any) -> Any:
+        changed.append(number)
+        return real(number, handler)
+
+    monkeypatch.setattr(signal, "getsignal", as_in_a_c_host)
+    monkeypatch.setattr(signal, "signal", recorded)
+    assert main(["example", "--out", str(tmp_path / "ex")]) == 0
+    assert "wrote 10 files" in capsys.readouterr().out
+    assert signal.SIGTERM not in changed and signal.SIGINT in changed

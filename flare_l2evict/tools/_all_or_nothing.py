@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from .._errors import L2EvictError
 from .._text import shown
@@ -48,6 +49,14 @@ class _Held:
             raise KeyboardInterrupt(self.signum)
 
 
+def changeable_handlers(numbers: tuple[int, ...]) -> dict[int, Any]:
+    """The handlers of ``numbers`` that a command may change, as they are now: not one its
+    caller ignores (`cmd &` from a script, nohup: that stays ignored), nor one Python cannot
+    see (``None``: a C host's own handler, which Python could not put back)."""
+    handlers = {number: signal.getsignal(number) for number in numbers}
+    return {n: h for n, h in handlers.items() if h is not None and h is not signal.SIG_IGN}
+
+
 @contextlib.contextmanager
 def _interrupts_held(settle: bool) -> Iterator[_Held]:
     """Ctrl-C and SIGTERM held for the body; after it, the handlers as they were, or, where
@@ -60,20 +69,16 @@ def _interrupts_held(settle: bool) -> Iterator[_Held]:
     def hold(signum: int, _frame: FrameType | None) -> None:
         held.signum = signum
 
-    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    for number, handler in previous.items():
-        if handler is not signal.SIG_IGN:  # what the caller ignores (`cmd &`, nohup) stays so
-            signal.signal(number, hold)
+    previous = changeable_handlers((signal.SIGINT, signal.SIGTERM))
     done = False
-    try:
+    try:  # installed inside: a signal just after one is set still finds both put back
+        for number in previous:
+            signal.signal(number, hold)
         yield held
         done = True
     finally:
         for number, handler in previous.items():
-            if done and settle:
-                signal.signal(number, signal.SIG_IGN)
-            else:
-                signal.signal(number, signal.SIG_DFL if handler is None else handler)
+            signal.signal(number, signal.SIG_IGN if done and settle else handler)
 
 
 class _FilesLeft(L2EvictError):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from ..._errors import CheckpointError, ConfigError, L2EvictError
 from ..._text import _cut, shown
+from .._all_or_nothing import changeable_handlers
 from .._profiles import (
     DEFAULT_KV_BYTES_PER_TOKEN,
     DEFAULT_PROFILE,
@@ -438,8 +439,8 @@ def log_steps(what: str, seconds: Mapping[str, float]) -> None:
         log.debug("flare_l2evict: %s took %s", what, steps or "no steps")
 
 
-_running: list[bool] = []
-"""Non-empty while :func:`signals_of_a_command` holds this process's handlers."""
+_running: list[tuple[int, ...]] = []
+"""While :func:`signals_of_a_command` holds this process's handlers: the signals it may change."""
 
 
 @contextlib.contextmanager
@@ -449,16 +450,16 @@ def signals_of_a_command() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield  # signals reach the main thread only
         return
-    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    if handlers[signal.SIGTERM] is not signal.SIG_IGN:  # ignored by the caller: stays ignored
-        signal.signal(signal.SIGTERM, _terminate)
-    _running.append(True)
-    try:
+    handlers = changeable_handlers((signal.SIGINT, signal.SIGTERM))
+    _running.append(tuple(handlers))
+    try:  # installed inside: a signal just after it still finds the handlers put back
+        if signal.SIGTERM in handlers:
+            signal.signal(signal.SIGTERM, _terminate)
         yield
     finally:
         _running.pop()
         for number, handler in handlers.items():
-            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+            signal.signal(number, handler)
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -474,8 +475,8 @@ def settled() -> None:
     back: a program that calls a command's function directly keeps its own.
     """
     if _running and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for number in _running[-1]:
+            signal.signal(number, signal.SIG_IGN)
 
 
 # -- errors ---------------------------------------------------------------------------------
