@@ -11,7 +11,9 @@ under it. Not the KV allocator (called between :meth:`Startup.offer` and
 undo step, the text of a host's exception, a log line (its handlers are the host's),
 nor the drop of a host object. A host lock taken in any of those (a profiler's mode)
 cannot deadlock against a host thread that holds it while it calls ``startup_complete``
-or ``restore()``. The parts below (basis, choice, eviction, seam, credit, agreement,
+or ``restore()``. (What CPython runs between any two lines, a signal handler or a
+``gc.callbacks`` hook when an allocation starts a collection, is outside any library's
+say: the lock is re-entrant for it; docs/guarantees.md.) The parts below (basis, choice, eviction, seam, credit, agreement,
 report) are passive: none imports this module or calls back into it.
 
 The phase moves only through :data:`NEXT`, a table of (phase, event) -> next phase,
