@@ -127,7 +127,7 @@ def test_tensors_over_one_cuda_allocation_count_once(
     short["owner"] = torch.empty(0, device=device).set_(half)
     report = hook(runtime_for(short, device))
     print(f"16 aliases of {half.nbytes():,} bytes: {report.summary()}")
-    assert report.reclaimed_bytes == 0 and "1 eligible storages" in (report.reason or "")
+    assert report.reclaimed_bytes == 0 and "1 eligible storage holds" in (report.reason or "")
     assert installed() is None
 
 
