@@ -13,8 +13,9 @@ nor the drop of a host object. A host lock taken in any of those (a profiler's m
 cannot deadlock against a host thread that holds it while it calls ``startup_complete``
 or ``restore()``. (What CPython runs between any two lines, a signal handler or a
 ``gc.callbacks`` hook when an allocation starts a collection, is outside any library's
-say: the lock is re-entrant for it; docs/guarantees.md.) The parts below (basis, choice, eviction, seam, credit, agreement,
-report) are passive: none imports this module or calls back into it.
+say: the lock is re-entrant for it; docs/guarantees.md.) The parts below (basis, choice,
+eviction, seam, credit, agreement, report) are passive: none imports this module or calls
+back into it.
 
 The phase moves only through :data:`NEXT`, a table of (phase, event) -> next phase,
 applied by :meth:`Startup._step`, which raises on a pair the table does not have (as
