@@ -8,6 +8,7 @@ start-up is ``tests/support/startups.py``.
 from __future__ import annotations
 
 import gc
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -56,6 +57,9 @@ def pytest_configure(config: pytest.Config) -> None:
     _quick_cpu()
     if os.environ.get(_SESSION_TMP):  # a pytest started by a test: its parent's root holds it
         return
+    # multiprocessing's own temp dir (the gloo ranks' fork server's socket) is made first, in
+    # the system's: multiprocessing removes it at exit, after this run's root is gone.
+    multiprocessing.util.get_temp_dir()
     root = tempfile.mkdtemp(prefix="flare-l2evict-tests-")
     config.stash[_ROOT] = (root, os.environ.get("TMPDIR"))
     os.environ[_SESSION_TMP] = os.environ["TMPDIR"] = root

@@ -6,6 +6,7 @@ Imported by spawned children (multiprocessing passes the parent's sys.path).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import traceback
 from collections.abc import Callable, Mapping
@@ -177,13 +178,18 @@ def run_worlds(
     """
     from torch.multiprocessing.spawn import start_processes
 
+    # One fork server imports torch and the plugin, then forks every rank: six imports of
+    # torch on two cores were most of the set-up. It runs no thread and no CUDA to fork over.
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["torch", "torch.distributed", "flare_l2evict", __name__]
+    )
     running = [
         start_processes(  # type: ignore[no-untyped-call]
             worker,
             args=(size, str(directory / "store"), str(directory), scenarios),
             nprocs=size,
             join=False,
-            start_method="spawn",
+            start_method="forkserver",
         )
         for size, directory in directories.items()
     ]
