@@ -451,13 +451,15 @@ def signals_of_a_command() -> Iterator[None]:
         yield  # signals reach the main thread only
         return
     handlers = changeable_handlers((signal.SIGINT, signal.SIGTERM))
-    _running.append(tuple(handlers))
-    try:  # installed inside: a signal just after it still finds the handlers put back
+    held = tuple(handlers)
+    try:  # each change inside: a signal right after one still finds it undone below
+        _running.append(held)
         if signal.SIGTERM in handlers:
             signal.signal(signal.SIGTERM, _terminate)
         yield
     finally:
-        _running.pop()
+        with contextlib.suppress(ValueError):  # not there if a signal beat the append
+            _running.remove(held)
         for number, handler in handlers.items():
             signal.signal(number, handler)
 
