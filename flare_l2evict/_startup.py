@@ -11,9 +11,10 @@ under it. Not the KV allocator (called between :meth:`Startup.offer` and
 undo step, the text of a host's exception, a log line (its handlers are the host's),
 nor the drop of a host object. A host lock taken in any of those (a profiler's mode)
 cannot deadlock against a host thread that holds it while it calls ``startup_complete``
-or ``restore()``. (What CPython runs between any two lines, a signal handler or a
-``gc.callbacks`` hook when an allocation starts a collection, is outside any library's
-say: the lock is re-entrant for it; docs/guarantees.md.) The parts below (basis, choice,
+or ``restore()``. (What CPython itself runs on this thread, inside a line as well as
+between two: a signal handler after any call returns, a ``gc.callbacks`` hook, a trace or
+profile callback, is outside any library's say: the lock is re-entrant for it, and every
+move of state is one write or one C call; docs/guarantees.md.) The parts below (basis, choice,
 eviction, seam, credit, agreement, report) are passive: none imports this module or calls
 back into it.
 
@@ -183,8 +184,6 @@ _STANDS = frozenset({Phase.OFFERING, Phase.CREDITED, Phase.ENDING, Phase.CUT_SHO
 (:data:`_MEASURED`) its measured KV cache counts on the races reading weights."""
 _MID_STEP = frozenset({Phase.INSTALLING, Phase.FALLING_BACK, Phase.ENDING})
 """The start-up's own thread is inside a step: what a restore asks for waits for it to leave."""
-_HOLDING = frozenset({Phase.INSTALLED, Phase.OFFERING, Phase.CREDITED, Phase.ENDING, *_MEASURED})
-"""An install stands: the races read the weights."""
 _OFFER_OVER = frozenset({Phase.CREDITED, Phase.CUT_SHORT, Phase.ENDED})
 """The allocator's call is over, or a second run of its transition has nothing left to do."""
 
@@ -242,6 +241,24 @@ def _held(owner: object) -> Callable[[], object]:
         return lambda: owner
 
 
+class _Call:
+    """One :meth:`Startup.restore` call, for its claims on undo steps: a claim stands while
+    its call runs, and is taken over once the call has left (:func:`_left`)."""
+
+    __slots__ = ("__weakref__", "left", "ref")
+
+    def __init__(self) -> None:
+        self.left = False  # set as restore() leaves, whatever cut it short
+        self.ref: weakref.ref[_Call] = weakref.ref(self)
+
+
+def _left(held: weakref.ref[_Call]) -> bool:
+    """Whether the call behind a claim has left: it said so as it left, or it is gone (a cut
+    before its ``finally`` stored the word: a trace callback's exception)."""
+    call = held()
+    return call is None or call.left
+
+
 class Startup:
     """One start-up, from :meth:`begin` to :meth:`end` (see the module docstring)."""
 
@@ -263,18 +280,19 @@ class Startup:
         self._token = token
         self._seam: Seam | None = None
         self._eviction: WeightEviction | None = None
-        self._undo: list[Callable[[], None]] = []  # registered by the seam, not yet run
-        # Steps a restore call claimed and runs outside the lock: (the call, the step).
-        self._claimed: list[tuple[object, Callable[[], None]]] = []
+        self._undo: list[Callable[[], None]] = []  # registered by the seam; dropped once run
+        # Who runs a registered step outside the lock: step -> that restore call. A claim is
+        # one store, and a claimed step stays registered until it ran (see _undo_step).
+        self._claims: dict[Callable[[], None], weakref.ref[_Call]] = {}
         self._handed: list[ReclaimReport] = []  # every report handed out: each ends the start-up
 
     def _step(self, event: Event) -> Phase:
         """The one place the phase moves: ``event`` in the current phase, by :data:`NEXT`.
 
-        Returns the phase it lands on. The read and the write are one line with no call
-        of Python code between them, so a signal handler on this thread (which runs
-        between lines, and may restore or end the start-up) runs before the move or after
-        it, never inside. Raises :class:`PhaseError` for a pair the table does not have.
+        Returns the phase it lands on. The read and the write are one table lookup and one
+        store, with no call between them, so a signal handler on this thread (which runs
+        after a call returns, and may restore or end the start-up) runs before the move or
+        after it, never inside. Raises :class:`PhaseError` for a pair the table does not have.
         """
         try:
             self.phase = now = NEXT[(was := self.phase), event]
@@ -293,7 +311,7 @@ class Startup:
         """
         made = cls(owner, token, wording)
         with cls._lock:
-            if cls._active is None and not setattr(cls, "_active", made):  # type: ignore[func-returns-value]  # one line: see _step
+            if cls._active is None and not setattr(cls, "_active", made):  # type: ignore[func-returns-value]  # one C call after the test: see _step
                 return made
             active = cls._active
         if active is None:  # a signal handler began and ended one between the two lines
@@ -352,9 +370,10 @@ class Startup:
         if active is None:
             return
         # The threads that claimed undo steps are not in the child: nobody would run their
-        # claims there, and the slot would never be freed. (This thread's own claim, if it
-        # forked inside an undo step, goes too; dropping it after the step is then a no-op.)
-        active._claimed.clear()
+        # claims there, and the slot would never be freed. The steps stay registered, so the
+        # child's next restore runs them. (This thread's own claim, if it forked inside an
+        # undo step, goes too; its owner then finds the claim gone and drops nothing.)
+        active._claims.clear()
         if active.thread == threading.get_ident():
             return
         active._after(active._step(Event.FORKED))
@@ -460,53 +479,79 @@ class Startup:
         ran. Each step is claimed under the lock and run outside it (an undo step is
         b12x's code, or the fork's API). Inside a step of the start-up's own thread
         (:data:`_MID_STEP`) it is recorded, and that step restores as it leaves. An ENDED
-        start-up's slot is freed here, once no undo step claimed by any call is left to run.
+        start-up's slot is freed here, once no undo step claimed by a call still running is
+        left to run.
         """
-        self._restore(object())  # this call's claim on the steps it runs
+        call = _Call()  # this call's claim on the steps it runs
+        try:
+            self._restore(call)
+        finally:
+            call.left = True  # no call in this line: nothing can cut in before the store
 
     @_resumed
-    def _restore(self, call: object) -> None:
+    def _restore(self, call: _Call) -> None:
         """:meth:`restore`, as ``call``: a second run (after an exception) finishes its claims."""
         with self._lock:
             if self._step(Event.RESTORE) in _MID_STEP:
                 return
-            # Its own claims first: steps a first run claimed and an exception cut short.
-            steps = [step for by, step in self._claimed if by is call]
-            steps += reversed(self._undo)
+            steps = self._undo[::-1]  # newest first; a claimed step is still among them
             eviction = self._eviction
         for step in steps:
             self._undo_step(call, step)
         with self._lock:
-            if not self._undo and not self._claimed:
+            if not self._undo:
                 self.undo_error = None
         if eviction is not None:
             eviction.release()  # outside the lock: dropping a host tensor may run host code
         self._vacate()
 
-    def _undo_step(self, call: object, step: Callable[[], None]) -> None:
-        """Run ``step`` outside the lock if ``call`` claims it, still registered (a step another
-        call ran or claims meanwhile, or one of a start-up whose slot was freed, is not run)."""
-        undo, taken, key = self._undo, self._claimed, (call, step)
-        ran = False
+    def _undo_step(self, call: _Call, step: Callable[[], None]) -> None:
+        """Run ``step`` outside the lock if ``call`` claims it and it is still registered.
+
+        Every move here is one store or one C call, so whatever cuts in between two of them
+        (a signal handler, at a line or after a C call returns; another thread, once the lock
+        is let go) finds the step in one of three states and nowhere else: registered and
+        unclaimed, claimed (by a call that runs or will run it; a claim whose call has left
+        is taken over), or run and unregistered. A step is never in neither place, so it is
+        never lost, and a claim stands until its call has run the step or left.
+        """
+        undo, claims, mine = self._undo, self._claims, call.ref
         with self._lock:
-            # One line (see _step): moved from the registered steps to this call's claims.
-            ok = key in taken or (step in undo and not undo.remove(step) and not taken.append(key))  # type: ignore[func-returns-value]
-        if not ok:
-            return
+            # One C call: the claim is made, or the one that stands is returned.
+            held = claims.setdefault(step, mine)
+            if held is not mine and _left(held):
+                # Its call left before running it (an exception cut it short twice): this
+                # call takes it. One store; a handler that cut in before it ran the step
+                # already, which the "still registered" test below then sees.
+                claims[step] = held = mine
+            run = held is mine and step in undo
+        if held is not mine:
+            return  # another call, still running, has it: the slot waits for that call
+        ran = False
         try:
-            ran = self._undone(step)
+            ran = run and self._undone(step)
         finally:
             with self._lock:
-                # One line: the claim dropped, and the step registered again if it did not run.
-                key in taken and not taken.remove(key) and (ran or undo.append(step))  # type: ignore[func-returns-value]
+                if ran and step in undo:
+                    undo.remove(step)  # one C call: unregistered once it ran
+                # The claim last: until here the step was registered or claimed. Nothing
+                # else moves a claim of a call still running; one left behind by a cut here
+                # is dropped by _vacate (its step is gone) or taken over.
+                if claims.get(step) is mine:
+                    claims.pop(step, None)  # _vacate may have dropped it since: it had run
 
     def _vacate(self) -> None:
-        """An ENDED start-up frees the slot once no claimed undo step is left to run (the call
-        that runs the last one frees it), and drops the steps that failed: the next start-up
-        installs after every undo of this one, never before a stale one."""
+        """An ENDED start-up frees the slot once no undo step is claimed by a call that is still
+        running (that call frees it as it leaves), and drops the steps that failed: the next
+        start-up installs after every undo of this one, never before a stale one."""
         with self._lock:
-            over = self.phase is Phase.ENDED and not self._claimed
-            over and self._undo.clear()  # type: ignore[func-returns-value]  # none claimable now
+            claims = self._claims
+            over = self.phase is Phase.ENDED and not any(
+                not _left(held) and step in self._undo for step, held in list(claims.items())
+            )
+            if over:
+                self._undo.clear()  # none claimable now
+                claims.clear()
             # One line, compare and clear: a signal handler that ended this start-up and began
             # the next between a check and a write would have its slot cleared.
             over and Startup._active is self and setattr(Startup, "_active", None)  # type: ignore[func-returns-value]

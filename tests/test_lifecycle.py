@@ -587,7 +587,7 @@ def test_a_restore_reentered_inside_restore_keeps_the_returned_audit_true() -> N
     # ValueError reached startup_complete, which returned "nothing was installed".
     host = runtime()
     assert hook(host).reclaimed_bytes == CREDIT
-    tracer = _call_at(Startup._undo_step, "key in taken and not taken.remove(key)")
+    tracer = _call_at(Startup._undo_step, "undo.remove(step)")
     audit = _under(tracer, lambda: complete(host))
     assert tracer.fired  # type: ignore[attr-defined]
     assert audit.credited_bytes == CREDIT and audit.mechanism == "stock-seam", audit

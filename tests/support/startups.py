@@ -15,7 +15,12 @@ from typing import Any
 
 from flare_l2evict import StartupAudit
 from flare_l2evict._eviction import WeightEviction
-from flare_l2evict._startup import _HOLDING, Startup
+from flare_l2evict._startup import Phase, Startup
+
+_HOLDING = frozenset(
+    {Phase.INSTALLED, Phase.OFFERING, Phase.CREDITED, Phase.ENDING, Phase.KEPT, Phase.ORPHANED}
+)
+"""The phases in which an install stands: the races read the weights."""
 
 
 def active() -> Startup | None:
