@@ -3,8 +3,10 @@
 A caller names the point (a :class:`Target`: a code object and a line of it, or its entry or
 its return) and what runs there, and runs its code under a :class:`Stop`; a sweep lists its
 points with :func:`first_hits`. The engine here owns the tracing, so how a point is reached
-(today ``sys.settrace``'s line, call and return events, on the caller's thread) can change,
-and points between two lines can be added, without touching a caller.
+(today ``sys.settrace``'s line, call and return events, on the caller's thread) can change
+without touching a caller: a point inside a line (after one of its C calls returns, through
+``sys.setprofile``'s ``c_return``) is one more kind of :class:`Target` that
+:func:`first_hits` lists and :class:`Stop` reaches.
 """
 
 from __future__ import annotations
