@@ -14,7 +14,8 @@ Value -> outcome:
   ``l2_cache_bytes``, ``config``, ``kv_allocator``) -> 0 with one line naming it and what it
   accepts; a CUDA device where CUDA is not available -> the same;
 - an attribute (or ``add_reclaimed``) that is a raising property -> 0 with one line naming it;
-- a value whose ``repr`` or ``__class__`` raises, an exception whose message raises -> 0;
+- a value whose ``repr`` or ``__class__`` raises, an exception whose message raises, or
+  whose type's name raises -> 0;
 - a config with an unknown key -> 0; an ``on_error`` equal to anything -> never "raise";
 - ``on_error = "raise"`` with a contract violation -> one line raised, stock b12x restored;
 - ``resident_tensors()`` empty, on the meta device, or too small -> 0 with the reason; a bare
@@ -24,6 +25,8 @@ Value -> outcome:
 - storages that overlap in memory -> counted once; a window they cannot cover: 0; a storage
   that overstates its size -> its real size, never grown;
 - an L2 of 50 MiB + 1 byte, no window set -> credited: stock's window in whole words;
+- ``race_jobs``, ``l2_cache_bytes`` and ``device`` at and past their bounds -> a host and an
+  ``evicting_from`` program refuse the same values;
 - any values at all (a property test) -> never raises, never over-credits, nothing left
   installed without a credit.
 """
@@ -48,17 +51,18 @@ from support.hostile import (
     aliases,
     hostile,
 )
-from support.hosts import CREDIT, JOBS, hook, runtime, seam_is_ours, weights
+from support.hosts import CREDIT, JOBS, L2, hook, runtime, seam_is_ours, weights
 from support.startups import end_any, eviction_of, installed
 from support.sums import read_bytes
 
 import flare_l2evict
-from flare_l2evict import L2EvictError
+from flare_l2evict import L2EvictError, _request
 from flare_l2evict._credit import stock_buffer_bytes
+from flare_l2evict._startup import Startup
 from flare_l2evict._weights import MAX_TENSORS
 from flare_l2evict.hookspecs import RUNTIME_ATTRIBUTES
 from flare_l2evict.tools._choose_weights import choose_weights
-from flare_l2evict.tools.reference_host import ReferenceKVAllocator
+from flare_l2evict.tools.reference_host import ReferenceKVAllocator, ReferenceRuntime
 
 measurement = pytest.importorskip("b12x.preparation._measurement")
 ATTRIBUTES = RUNTIME_ATTRIBUTES
@@ -404,6 +408,67 @@ def test_a_storage_cannot_overstate_its_size_or_be_grown() -> None:
     assert report.reclaimed_bytes == 0 and "1,048,576 distinct bytes" in (report.reason or "")
     assert tensor.data_ptr() == address
     assert torch.UntypedStorage.nbytes(tensor.untyped_storage()) == MiB  # never written
+
+
+# Host and program values meet one set of bounds.
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("race_jobs", -1),
+        ("race_jobs", 0),
+        ("race_jobs", _request.MAX_RACE_JOBS),
+        ("race_jobs", _request.MAX_RACE_JOBS + 1),
+        ("race_jobs", True),
+        ("race_jobs", 2.0),
+        ("l2_cache_bytes", 0),
+        ("l2_cache_bytes", 1),
+        ("l2_cache_bytes", _request.MAX_L2_BYTES),
+        ("l2_cache_bytes", _request.MAX_L2_BYTES + 1),
+        ("l2_cache_bytes", None),
+        ("device", "cuda:0"),
+        ("device", "tpu"),
+    ],
+)
+def test_host_and_program_values_meet_one_set_of_bounds(name: str, value: object) -> None:
+    asked: dict[str, Any] = {"race_jobs": JOBS, "l2_cache_bytes": L2, "device": "cpu"}
+    asked[name] = value
+    host = runtime(race_jobs=asked["race_jobs"])
+    host.l2_cache_bytes, host.device = asked["l2_cache_bytes"], asked["device"]
+    host_refused = (hook(host).reason or "").startswith(f"runtime.{name} ")
+    end_any()
+    with flare_l2evict.evicting_from(weights(), **asked) as report:
+        program_refused = (report.reason or "").startswith(f"evicting_from: {name} =")
+    assert host_refused == program_refused, (name, value)
+
+
+# An exception whose type has no readable name (a hostile review of the start-up object).
+class NamelessMeta(type):
+    """An exception type whose very name raises."""
+
+    def __getattribute__(cls, name: str) -> Any:
+        if name == "__name__":
+            raise RuntimeError("no name")
+        return super().__getattribute__(name)
+
+
+class NamelessError(Exception, metaclass=NamelessMeta):
+    pass
+
+
+class NamelessRaisingRuntimeStandIn(ReferenceRuntime):
+    @property
+    def race_jobs(self) -> int:
+        raise NamelessError("host")
+
+    @race_jobs.setter
+    def race_jobs(self, value: int) -> None:
+        pass
+
+
+def test_an_exception_whose_type_has_no_readable_name_falls_back_in_one_line() -> None:
+    report = hook(runtime(kind=NamelessRaisingRuntimeStandIn))
+    assert report.reclaimed_bytes == 0 and "runtime.race_jobs raised" in (report.reason or "")
+    assert Startup.active() is not None and not seam_is_ours()
 
 
 # Any values at all.

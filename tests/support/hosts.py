@@ -79,7 +79,7 @@ def seam_is_ours() -> bool:
 def weights(nbytes: int = 64 * MiB) -> dict[str, torch.Tensor]:
     """One resident expert weight of ``nbytes`` on the CPU.
 
-    Uninitialised, as test_lifecycle.py's are: no race reads it on the CPU, and zeroing
+    Uninitialised, as test_every_line.py's are: no race reads it on the CPU, and zeroing
     64 MiB costs a quarter of a second of page faults on a small VM, per test.
     """
     return {WEIGHT: torch.empty(nbytes // 4)}

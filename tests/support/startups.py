@@ -7,15 +7,13 @@ The runtime offers no affordance for tests (issue 34); these read the one owner,
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 from collections.abc import Iterator
-from types import CodeType, FrameType
-from typing import Any
 
 from flare_l2evict import StartupAudit
 from flare_l2evict._eviction import WeightEviction
 from flare_l2evict._startup import Phase, Startup
+from support.stops import Stop, Target
 
 _HOLDING = frozenset(
     {Phase.INSTALLED, Phase.OFFERING, Phase.CREDITED, Phase.ENDING, Phase.KEPT, Phase.ORPHANED}
@@ -53,9 +51,9 @@ def end_any() -> StartupAudit:
 
 
 @contextlib.contextmanager
-def restore_paused(code: CodeType, line: int | None = None) -> Iterator[None]:
-    """An operator's ``flare_l2evict.restore()`` on another thread, paused at its first line
-    event in ``code`` (at ``line``, if given), as a preemption would pause it there.
+def restore_paused(target: Target) -> Iterator[None]:
+    """An operator's ``flare_l2evict.restore()`` on another thread, paused at the first hit of
+    ``target``, as a preemption would pause it there.
 
     Returns once it is paused; the block runs meanwhile, and on leaving it the restore goes
     on and its thread is joined.
@@ -64,20 +62,12 @@ def restore_paused(code: CodeType, line: int | None = None) -> Iterator[None]:
 
     paused, resume = threading.Event(), threading.Event()
 
-    def local(frame: FrameType, event: str, _arg: Any) -> Any:
-        if event == "line" and line in (None, frame.f_lineno) and not paused.is_set():
-            paused.set()
-            resume.wait(_DEADLINE)  # the scheduler preempts the operator's thread here
-        return local
+    def pause() -> None:
+        paused.set()
+        resume.wait(_DEADLINE)  # the scheduler preempts the operator's thread here
 
-    def operator() -> None:
-        sys.settrace(lambda frame, _event, _arg: local if frame.f_code is code else None)
-        try:
-            flare_l2evict.restore()
-        finally:
-            sys.settrace(None)
-
-    other = threading.Thread(target=operator)
+    stop = Stop(target, pause)
+    other = threading.Thread(target=stop.run, args=(flare_l2evict.restore,))
     other.start()
     try:
         assert paused.wait(_DEADLINE), "the operator's restore never reached its pause"
