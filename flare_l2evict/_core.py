@@ -29,7 +29,7 @@ from ._log import say
 from ._report import ReclaimReport, RegionRead
 from ._request import KVSizing, Placement, Refused, Request
 from ._settings import DISABLED
-from ._startup import Busy, Phase, Startup
+from ._startup import Busy, Startup
 from ._weights import WeightChoice, storages_of, weight_choice
 
 log = logging.getLogger("flare_l2evict")
@@ -141,7 +141,7 @@ def _run(startup: Startup, request: Request | Refused, clock: Clock) -> ReclaimR
     with clock.step("agree"):
         agreed = _agree(startup, request, mine.credit)
     kept = mine.eviction is not None and agreed.reclaimed_bytes > 0
-    if kept and startup.phase is not Phase.INSTALLED:
+    if kept and not startup.awaits_offer():
         kept = False
         agreed = Agreement(
             0,

@@ -50,7 +50,7 @@ class Binding:
 
 @dataclass(frozen=True)
 class SeamProof:
-    """What :func:`prove_seam` found; :class:`~.patch.Patch` acts on it alone.
+    """What :func:`prove_seam` found: the names :class:`~.seam.StockSeam` replaces, and no others.
 
     Invariant: every race code path of the loaded b12x that makes an eviction reaches one of
     ``seams``' ``_l2_flush_fn`` at call time, through its module global or one of
