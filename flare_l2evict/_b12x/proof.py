@@ -11,17 +11,19 @@ import importlib
 import inspect
 import itertools
 import logging
+import operator
 import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .._credit import stock_buffer_bytes
 from .._errors import InstallError
 from .._log import say
+from .._text import described, literal, shown
 from .provider import MIN_B12X, MIN_FLASHINFER, provider_problem, versions
 from .table import ROOTS, SeamRow, rows
 
@@ -103,19 +105,41 @@ _SUBMODULES = tuple(root + "." for root in ROOTS)
 
 def _loaded_b12x() -> list[types.ModuleType]:
     # The thousands of names a server has loaded are tested in C (map, compress): every
-    # start-up scans, and a Python loop over them was most of a start-up's own time. A key
-    # that is no str is skipped, and a str subclass's own methods never run.
-    names = list(sys.modules)
-    texts = list(itertools.compress(names, map(isinstance, names, itertools.repeat(str))))
-    seen: dict[int, types.ModuleType] = {}
-    for name in itertools.compress(texts, map(str.startswith, texts, itertools.repeat(ROOTS))):
+    # start-up scans, and a Python loop over them was most of a start-up's own time. The
+    # entries are copied in one call, so no key is hashed (a str subclass's __hash__ would
+    # run) and none looked up again; a key is tested by its type, never by isinstance (which
+    # asks a key that is no str for its __class__), and a str subclass's text is read by
+    # str's own methods: no method of a host's key runs.
+    entries = list(sys.modules.items())
+    keys = map(operator.itemgetter(0), entries)
+    textual = map(issubclass, map(type, keys), itertools.repeat(str))
+    entries = list(itertools.compress(entries, textual))
+    names = map(operator.itemgetter(0), entries)
+    rooted = map(str.startswith, names, itertools.repeat(ROOTS))
+    seen: dict[int, tuple[str, types.ModuleType]] = {}
+    for name, module in itertools.compress(entries, rooted):
         text = str.__str__(name)
-        module = sys.modules.get(name)
         if (text in ROOTS or text.startswith(_SUBMODULES)) and issubclass(
             type(module), types.ModuleType
         ):
-            seen.setdefault(id(module), cast(types.ModuleType, module))
-    return list(seen.values())
+            seen.setdefault(id(module), (text, module))
+    return [_read(text, module) for text, module in seen.values()]
+
+
+def _read(name: str, module: types.ModuleType) -> types.ModuleType:
+    """``module`` once its name and namespace could be read (a lazy module loads here); raises
+    naming it and the scan when they cannot: the scan cannot tell what a module it cannot
+    read holds, so stock b12x stays."""
+    try:
+        module.__name__, vars(module)  # read for what reading them raises
+    except Exception as error:
+        raise InstallError(
+            f"sys.modules[{literal(name)}] raised {described(error, 300)} when read by the "
+            "plugin's scan of b12x's loaded modules for copies of its eviction function; stock "
+            f"b12x kept. fix: make `import {shown(name, 120)}` succeed before start-up, or "
+            "remove it from sys.modules"
+        ) from None
+    return module
 
 
 def _check_signature(row: SeamRow, module: types.ModuleType, original: object) -> SeamFunction:
