@@ -211,7 +211,7 @@ def _prepare(startup: Startup, request: Request, clock: Clock) -> RankCredit:
                 chosen, fallback=seam.fallback(chosen.device), until=request.wording.ends
             )
             del chosen
-            mine = _credit_of(basis, eviction)
+            mine = _credit_of(basis, eviction, request.kv_sizing)
             startup.install(seam, eviction)
         # Asked once the core holds no mapping: every other holder is then the caller's.
         if mine.nbytes and (unheld := startup.unheld()) is not None:
@@ -242,14 +242,17 @@ def _chosen(request: Request, window_bytes: int) -> WeightChoice | str:
     return weight_choice(choice, held, request.device, request.wording)
 
 
-def _credit_of(basis: CreditBasis, eviction: WeightEviction) -> Credit:
+def _credit_of(basis: CreditBasis, eviction: WeightEviction, kv_sizing: KVSizing) -> Credit:
+    """The credit, bounded by the memory free on the device. A measuring host takes no credit,
+    so that bound is not its: the figure says what the races no longer allocate, and it
+    decides, as for any host, only whether the install is worth keeping."""
     return credit(
         installable=True,
         race_jobs=basis.race_jobs,
         stock_buffer_bytes=basis.stock.nbytes,
         window_bytes=basis.window_bytes // WORD * WORD,
         read_bytes=eviction.read_bytes,
-        free_bytes=basis.free_bytes,
+        free_bytes=None if kv_sizing == "measured" else basis.free_bytes,
     )
 
 
