@@ -11,6 +11,7 @@ import importlib
 import inspect
 import itertools
 import logging
+import math
 import operator
 import sys
 import types
@@ -23,7 +24,7 @@ import torch
 from .._credit import stock_buffer_bytes
 from .._errors import InstallError
 from .._log import say
-from .._text import described, literal, shown
+from .._text import described, described_value, literal, shown
 from .provider import MIN_B12X, MIN_FLASHINFER, provider_problem, versions
 from .table import ROOTS, SeamRow, rows
 
@@ -394,9 +395,32 @@ def device_free_bytes(device: torch.device) -> int | None:
         return None
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    free, _total = torch.cuda.mem_get_info(device)
+    free = _driver_free_bytes(device)
     unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return max(0, int(free) + unused)
+    return max(0, free + unused)
+
+
+def _driver_free_bytes(device: torch.device) -> int:
+    """The free bytes of ``torch.cuda.mem_get_info``'s (free, total); raises one line naming
+    the call and what it returned when that is not two figures of bytes (NaN, inf, a third
+    value: a host's patch of torch, or a broken driver), since no credit can be bounded by it."""
+    got = torch.cuda.mem_get_info(device)
+    figures = got if type(got) in (tuple, list) and len(got) == 2 else ()
+    if all(_bytes_figure(figure) for figure in figures) and figures:
+        return int(figures[0])
+    raise InstallError(
+        f"torch.cuda.mem_get_info({device}) returned {described_value(got, 200)}, not the "
+        "device's (free, total) bytes, so the memory free to back a credit is unknown; stock "
+        "b12x kept. fix: let torch.cuda.mem_get_info return the driver's two figures (undo "
+        "the patch of it, or repair the CUDA driver)"
+    )
+
+
+def _bytes_figure(value: object) -> bool:
+    """A count of bytes: a whole number >= 0 (a float of one too), never NaN, inf or a bool."""
+    if type(value) is int:
+        return value >= 0
+    return type(value) is float and math.isfinite(value) and value >= 0 and value.is_integer()
 
 
 def measure_basis(
