@@ -575,3 +575,58 @@ def test_a_broken_lazy_module_is_named_with_the_scan_that_read_it(
         "cutlass_x when read by the plugin's scan of b12x's loaded modules"
     )
     assert "fix: make `import b12x.lazy` succeed before start-up" in report.reason
+
+
+class _RaisingConfigStandIn(Mapping[str, Any]):
+    """A host's config mapping that raises on one kind of read: ``get`` of the top level,
+    iteration of the top level (the near-miss scan, with no plugins table), or iteration of
+    the plugin's own section (its copy)."""
+
+    def __init__(self, fails: str) -> None:
+        self.fails = fails
+
+    def __getitem__(self, key: str) -> Any:
+        if self.fails == "section" and key == "plugins":
+            return {"l2evict": _RaisingConfigStandIn("iteration")}
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if self.fails == "get":
+            raise RuntimeError("host config get")
+        return super().get(key, default)
+
+    def __iter__(self) -> Iterator[str]:
+        if self.fails in ("iteration", "scan"):
+            raise RuntimeError(f"host config {self.fails}")
+        return iter(())
+
+    def __len__(self) -> int:
+        return 1  # truthy: the reference runtime takes an empty config for none
+
+
+@pytest.mark.parametrize(
+    ("fails", "raised"),
+    [("get", "get"), ("scan", "scan"), ("section", "iteration")],
+    ids=["get", "near-miss-scan", "section-copy"],
+)
+def test_a_config_mapping_that_raises_is_named_as_runtime_config(fails: str, raised: str) -> None:
+    # Issue 46: the line was the host's bare exception, or named "[the deployment config]".
+    config: Any = _RaisingConfigStandIn(fails)  # a Mapping, where the reference host's is a dict
+    report = hook(runtime(config=config))
+    assert report.reclaimed_bytes == 0 and report.reason is not None
+    assert report.reason.startswith(
+        f"runtime.config raised RuntimeError: host config {raised} when read for "
+        "[plugins.l2evict]: the host must pass the deployment config as a mapping"
+    ), report.reason
+
+
+def test_a_near_miss_from_a_hook_called_inside_an_except_block_is_no_raising_config() -> None:
+    # The exception the host is handling is the context of any raise inside the hook: it is
+    # not runtime.config's.
+    try:
+        raise LookupError("the host's own, being handled")
+    except LookupError:
+        report = hook(runtime(config={"plugins": {"l2evic": {}}}))
+    assert report.reason is not None and report.reason.startswith("no [plugins.l2evict]"), (
+        report.reason
+    )
