@@ -320,8 +320,9 @@ def _offer(startup: Startup, request: Request, report: ReclaimReport) -> Reclaim
     if not startup.offer(report):  # the start-up ended, or restore() ran, since the agreement
         return _ended_meanwhile(request, report)
     raised: BaseException | None = None
-    ended = False
+    ended = late = False
     try:
+        late = startup.ending()  # ended since the offer, before the allocator was called
         if request.add is not None:
             _check_returned(request.add(report))
     except BaseException as error:
@@ -329,7 +330,12 @@ def _offer(startup: Startup, request: Request, report: ReclaimReport) -> Reclaim
     finally:
         ended = startup.offered(raised)
     if raised is None and ended:
-        say(log, logging.WARNING, "flare_l2evict: %s", _ended_during_the_offer(request, report))
+        say(
+            log,
+            logging.WARNING,
+            "flare_l2evict: %s",
+            _ended_during_the_offer(request, report, late),
+        )
         return report
     if raised is None:
         cut = report.uncut_credit_bytes is not None  # the line says so: a WARNING
@@ -339,16 +345,24 @@ def _offer(startup: Startup, request: Request, report: ReclaimReport) -> Reclaim
     return faulted(report, raising=request.raising, cause=raised)
 
 
-def _ended_during_the_offer(request: Request, report: ReclaimReport) -> str:
+def _ended_during_the_offer(request: Request, report: ReclaimReport, late: bool) -> str:
     """The line for an offer inside which the start-up ended: no "reclaimed" for a start-up
-    that is gone (its audit, logged by that end, came first)."""
+    that is gone (its audit, logged by that end, came first). ``late``: the end came before the
+    allocator was called (another thread, a signal handler), not inside its call."""
     words = request.wording
+    if late:
+        when = (
+            "ran after the credit was recorded but before kv_allocator.add_reclaimed was "
+            "called (on another thread, or in a signal handler)"
+        )
+        fix = f"call {words.ends} after the last race, once {words.began} has returned"
+    else:
+        when = "ran inside kv_allocator.add_reclaimed, before it returned"
+        fix = f"call {words.ends} after the last race, never from add_reclaimed"
     return (
-        f"the start-up ended during the offer: {words.ends} ran inside "
-        f"kv_allocator.add_reclaimed, before it returned, so stock b12x is back and the "
-        f"audit above is this start-up's last; the allocator was offered "
-        f"{report.reclaimed_bytes:,} bytes on {report.device} (rank {report.rank}); fix: call "
-        f"{words.ends} after the last race, never from add_reclaimed"
+        f"the start-up ended during the offer: {words.ends} {when}, so stock b12x is back and "
+        f"the audit above is this start-up's last; the allocator was offered "
+        f"{report.reclaimed_bytes:,} bytes on {report.device} (rank {report.rank}); fix: {fix}"
     )
 
 

@@ -542,6 +542,11 @@ class Startup:
         came since it (INSTALLED), so the hook may still offer its credit or keep it."""
         return self.phase is Phase.INSTALLED
 
+    def ending(self) -> bool:
+        """Whether an end came during a step of the start-up's own thread (ENDING): the offer
+        leaves to an end, its credit handed to no start-up."""
+        return self.phase is Phase.ENDING
+
     def owned_by(self, ender: object) -> bool:
         """Whether ``ender`` is this start-up's owner, or a report it handed out or returned."""
         if ender is None:

@@ -18,8 +18,9 @@ Behaviour -> outcome:
   nothing; the same runtime's hook twice -> 0, naming what is active, until its
   ``startup_complete``; two threads at once -> one credit in all;
 - the host ends and restarts start-up inside the hook -> the new start-up keeps its credit;
-  ``startup_complete`` during the offer -> carried out once ``add_reclaimed`` returned; an
-  installation made before the hook -> never credited;
+  ``startup_complete`` during the offer -> carried out once ``add_reclaimed`` returned (one
+  WARNING that says whether it came inside the call or before it); an installation made
+  before the hook -> never credited;
 - the hook under ``torch.inference_mode()``, races outside -> races run (torch read here,
   Triton on a GPU in ``test_gpu_host.py``); a log handler that raises -> neither hook breaks;
 - fewer evictions alive at once than ``race_jobs`` -> an audit WARNING naming the bytes; a
@@ -31,6 +32,7 @@ Behaviour -> outcome:
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import sys
 import threading
@@ -52,7 +54,7 @@ from support.hosts import CREDIT, JOBS, PM, STOCK_BUFFER, hook, runtime, seam_is
 from support.startups import end_any, installed
 from support.sums import checksum
 
-from flare_l2evict import L2EvictError, ReclaimReport
+from flare_l2evict import L2EvictError, ReclaimReport, StartupAudit
 from flare_l2evict._b12x.proof import measure_basis
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._settings import L2EvictSettings
@@ -224,6 +226,42 @@ def test_startup_complete_during_the_offer_waits_for_add_reclaimed_to_return() -
     assert hook(runtime).reclaimed_bytes == CREDIT
     assert seen == [True]
     assert not seam_is_ours()  # start-up was over: restored once the offer returned
+
+
+def test_startup_complete_between_the_offer_and_add_reclaimed_is_told_as_before_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 46: the WARNING said startup_complete "ran inside kv_allocator.add_reclaimed"
+    # when it ran before the call (another thread's, here just after the credit was recorded).
+    from flare_l2evict import _core
+
+    offer = _core._offer.__code__
+    ended: list[StartupAudit] = []
+
+    def end_before_the_call(frame: types.FrameType, event: str, arg: object) -> Any:
+        if frame.f_code is not offer:
+            return None
+        source = inspect.getframeinfo(frame).code_context or [""]
+        if event == "line" and "raised: BaseException" in source[0] and not ended:
+            other = threading.Thread(target=lambda: ended.append(end_any()))
+            other.start()
+            other.join()
+        return end_before_the_call
+
+    runtime = hostile()
+    sys.settrace(end_before_the_call)
+    try:
+        with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
+            assert hook(runtime).reclaimed_bytes == CREDIT == runtime.kv_allocator.applied
+    finally:
+        sys.settrace(None)
+    assert ended and ended[0].credited_bytes == CREDIT and not seam_is_ours()
+    (line,) = [r.getMessage() for r in caplog.records if "during the offer" in r.getMessage()]
+    assert (
+        "startup_complete ran after the credit was recorded but before "
+        "kv_allocator.add_reclaimed was called" in line
+    ), line
+    assert "inside" not in line and "once before_first_capture has returned" in line, line
 
 
 def test_an_installation_made_before_the_hook_is_never_credited() -> None:
