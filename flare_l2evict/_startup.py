@@ -543,8 +543,8 @@ class Startup:
         return self.phase is Phase.INSTALLED
 
     def ending(self) -> bool:
-        """Whether an end came during a step of the start-up's own thread (ENDING): the offer
-        leaves to an end, its credit handed to no start-up."""
+        """Whether an end came during a step of the start-up's own thread (ENDING), which ends
+        the start-up as it leaves: an offer's credit then goes to a start-up that is over."""
         return self.phase is Phase.ENDING
 
     def owned_by(self, ender: object) -> bool:
