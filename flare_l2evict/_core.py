@@ -29,7 +29,7 @@ from ._log import say
 from ._report import ReclaimReport, RegionRead
 from ._request import KVSizing, Placement, Refused, Request
 from ._settings import DISABLED
-from ._startup import Busy, Phase, Startup
+from ._startup import Busy, Startup
 from ._weights import WeightChoice, storages_of, weight_choice
 
 log = logging.getLogger("flare_l2evict")
@@ -141,7 +141,7 @@ def _run(startup: Startup, request: Request | Refused, clock: Clock) -> ReclaimR
     with clock.step("agree"):
         agreed = _agree(startup, request, mine.credit)
     kept = mine.eviction is not None and agreed.reclaimed_bytes > 0
-    if kept and startup.phase is not Phase.INSTALLED:
+    if kept and not startup.awaits_offer():
         kept = False
         agreed = Agreement(
             0,
@@ -211,7 +211,7 @@ def _prepare(startup: Startup, request: Request, clock: Clock) -> RankCredit:
                 chosen, fallback=seam.fallback(chosen.device), until=request.wording.ends
             )
             del chosen
-            mine = _credit_of(basis, eviction)
+            mine = _credit_of(basis, eviction, request.kv_sizing)
             startup.install(seam, eviction)
         # Asked once the core holds no mapping: every other holder is then the caller's.
         if mine.nbytes and (unheld := startup.unheld()) is not None:
@@ -242,14 +242,17 @@ def _chosen(request: Request, window_bytes: int) -> WeightChoice | str:
     return weight_choice(choice, held, request.device, request.wording)
 
 
-def _credit_of(basis: CreditBasis, eviction: WeightEviction) -> Credit:
+def _credit_of(basis: CreditBasis, eviction: WeightEviction, kv_sizing: KVSizing) -> Credit:
+    """The credit, bounded by the memory free on the device. A measuring host takes no credit,
+    so that bound is not its: the figure says what the races no longer allocate, and it
+    decides, as for any host, only whether the install is worth keeping."""
     return credit(
         installable=True,
         race_jobs=basis.race_jobs,
         stock_buffer_bytes=basis.stock.nbytes,
         window_bytes=basis.window_bytes // WORD * WORD,
         read_bytes=eviction.read_bytes,
-        free_bytes=basis.free_bytes,
+        free_bytes=None if kv_sizing == "measured" else basis.free_bytes,
     )
 
 
@@ -317,8 +320,9 @@ def _offer(startup: Startup, request: Request, report: ReclaimReport) -> Reclaim
     if not startup.offer(report):  # the start-up ended, or restore() ran, since the agreement
         return _ended_meanwhile(request, report)
     raised: BaseException | None = None
-    ended = False
+    ended = late = False
     try:
+        late = startup.ending()  # ended since the offer, before the allocator was called
         if request.add is not None:
             _check_returned(request.add(report))
     except BaseException as error:
@@ -326,7 +330,12 @@ def _offer(startup: Startup, request: Request, report: ReclaimReport) -> Reclaim
     finally:
         ended = startup.offered(raised)
     if raised is None and ended:
-        say(log, logging.WARNING, "flare_l2evict: %s", _ended_during_the_offer(request, report))
+        say(
+            log,
+            logging.WARNING,
+            "flare_l2evict: %s",
+            _ended_during_the_offer(request, report, late),
+        )
         return report
     if raised is None:
         cut = report.uncut_credit_bytes is not None  # the line says so: a WARNING
@@ -336,16 +345,24 @@ def _offer(startup: Startup, request: Request, report: ReclaimReport) -> Reclaim
     return faulted(report, raising=request.raising, cause=raised)
 
 
-def _ended_during_the_offer(request: Request, report: ReclaimReport) -> str:
+def _ended_during_the_offer(request: Request, report: ReclaimReport, late: bool) -> str:
     """The line for an offer inside which the start-up ended: no "reclaimed" for a start-up
-    that is gone (its audit, logged by that end, came first)."""
+    that is gone (its audit, logged by that end, came first). ``late``: the end came before the
+    allocator was called (another thread, a signal handler), not inside its call."""
     words = request.wording
+    if late:
+        when = (
+            "ran after the credit was recorded but before kv_allocator.add_reclaimed was "
+            "called (on another thread, or in a signal handler)"
+        )
+        fix = f"call {words.ends} after the last race, once {words.began} has returned"
+    else:
+        when = "ran inside kv_allocator.add_reclaimed, before it returned"
+        fix = f"call {words.ends} after the last race, never from add_reclaimed"
     return (
-        f"the start-up ended during the offer: {words.ends} ran inside "
-        f"kv_allocator.add_reclaimed, before it returned, so stock b12x is back and the "
-        f"audit above is this start-up's last; the allocator was offered "
-        f"{report.reclaimed_bytes:,} bytes on {report.device} (rank {report.rank}); fix: call "
-        f"{words.ends} after the last race, never from add_reclaimed"
+        f"the start-up ended during the offer: {words.ends} {when}, so stock b12x is back and "
+        f"the audit above is this start-up's last; the allocator was offered "
+        f"{report.reclaimed_bytes:,} bytes on {report.device} (rank {report.rank}); fix: {fix}"
     )
 
 

@@ -8,9 +8,7 @@ line names the block's arguments, not a runtime's.
 
 from __future__ import annotations
 
-import logging
 import threading
-import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,17 +20,15 @@ from pydantic import ValidationError
 
 from . import _core, _request
 from ._errors import L2EvictError, reason_of
-from ._log import say
 from ._report import PROGRAM, ReclaimReport
 from ._request import OutOfBounds, Placement, Request
 from ._settings import ALLOWED, L2EvictSettings, on_error_raises
-from ._startup import Startup
+from ._startup import Startup, end_dropped
 from ._text import described_value, literal
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-log = logging.getLogger("flare_l2evict")
 _T = TypeVar("_T")
 _NONE = object()
 _FIX = 'as the README\'s "Without flare" shows'
@@ -153,23 +149,14 @@ def _request_of(block: _Block, tensors: object, given: BlockArguments) -> Reques
 
 def _orphaned(report: ReclaimReport) -> None:
     """A block gone with its start-up still active (its exit was cut short, or never called):
-    end that start-up, with one WARNING line and then a ``ResourceWarning`` (as
-    ``TemporaryDirectory`` does), so a test that drops one fails under
-    ``-W error::ResourceWarning``. A block whose exit ran is gone silently."""
-    active = Startup.active()
-    if active is None or not active.owned_by(report):
-        return
-    name = repr(active)
-    say(
-        log,
-        logging.WARNING,
+    that start-up ends, named (:func:`~flare_l2evict._startup.end_dropped`). A block whose
+    exit ran is gone silently."""
+    end_dropped(
+        report,
         "flare_l2evict: an evicting_from block was dropped before its exit ran, so its "
         "start-up (%s) ends now; fix: enter it in a with statement around the races",
-        name,
+        "an evicting_from block dropped before its exit",
     )
-    Startup.end(report, own_only=True)
-    warnings.warn(f"implicitly ended {name}: an evicting_from block dropped before its exit",
-                  ResourceWarning, stacklevel=2)  # fmt: skip
 
 
 class _Block:

@@ -8,6 +8,7 @@ here runs under the plugin's lock: the start-up has not begun when the host is r
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,10 +16,16 @@ from typing import Any
 import torch
 
 from . import _request
-from ._errors import RuntimeContractError
+from ._errors import L2EvictError, RuntimeContractError
 from ._report import HOST
 from ._request import KVSizing, OutOfBounds, Placement, Refused, Request, whole_number
-from ._settings import L2EvictSettings, on_error_raises, read_section, settings_from_section
+from ._settings import (
+    SECTION,
+    L2EvictSettings,
+    on_error_raises,
+    read_section,
+    settings_from_section,
+)
 from ._text import described, described_value
 from .hookspecs import RUNTIME_ATTRIBUTES
 
@@ -149,7 +156,7 @@ def request_from(runtime: object) -> Request | Refused:
         config = seen.get("config")
         if config is not None and not isinstance(config, Mapping):
             raise seen.bad("config", "the deployment config as a mapping")
-        section = read_section(config)
+        section = _section_of(config)
         raising = on_error_raises(section.get("on_error"))  # before validation: its faults too
         settings = settings_from_section(section)
         raising = settings.raising
@@ -159,6 +166,26 @@ def request_from(runtime: object) -> Request | Refused:
         error = error.with_traceback(None)
         kv_sizing = _kv_sizing_or_reserved(seen)
         return Refused(runtime, HOST, where, settings, raising, error, kv_sizing)
+
+
+def _section_of(config: object) -> dict[str, Any]:
+    """The plugin's section of ``runtime.config`` (:func:`read_section`). A read of the host's
+    mapping that raises is named as ``runtime.config``'s, with what it raised: the settings
+    module, which also reads config files, names the config as a deployment config, and a
+    host's own exception would reach the line bare."""
+    handled = sys.exc_info()[1]  # the host's own, if it calls the hook inside an except block
+    try:
+        return read_section(config)
+    except Exception as error:
+        # Ours (a table that is not one, a near miss), unless a host's read raised under it.
+        raised = error.__context__ if isinstance(error, L2EvictError) else error
+        if raised is None or raised is handled or isinstance(raised, L2EvictError):
+            raise
+        raise RuntimeContractError(
+            f"runtime.config raised {described(raised, 200)} when read for "
+            f"[{'.'.join(SECTION)}]: the host must pass the deployment config as a mapping whose "
+            f"reads do not raise ({_CONTRACT})"
+        ) from None
 
 
 def _checked(

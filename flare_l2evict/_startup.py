@@ -60,6 +60,7 @@ import itertools
 import logging
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -581,6 +582,16 @@ class Startup:
 
     # -- the end ------------------------------------------------------------------------------
 
+    def awaits_offer(self) -> bool:
+        """Whether the install stands with nothing offered or kept yet: no end and no restore
+        came since it (INSTALLED), so the hook may still offer its credit or keep it."""
+        return self.phase is Phase.INSTALLED
+
+    def ending(self) -> bool:
+        """Whether an end came during a step of the start-up's own thread (ENDING), which ends
+        the start-up as it leaves: an offer's credit then goes to a start-up that is over."""
+        return self.phase is Phase.ENDING
+
     def owned_by(self, ender: object) -> bool:
         """Whether ``ender`` is this start-up's owner, or a report it handed out or returned."""
         if ender is None:
@@ -718,3 +729,19 @@ def restore() -> None:
     active = Startup.active()
     if active is not None:
         active.restore()
+
+
+def end_dropped(ender: object, line: str, dropped: str) -> None:
+    """End the active start-up that ``ender`` owns (:meth:`Startup.owned_by`), whose holder was
+    dropped before it ended it: one WARNING ``line`` (its ``%s`` the start-up), the end, then a
+    ``ResourceWarning`` that names it as ``dropped`` (as ``TemporaryDirectory`` does), so a test
+    that drops one fails under ``-W error::ResourceWarning``. A start-up already over (its
+    holder's end ran) is gone silently. Called from a holder's ``weakref.finalize``."""
+    active = Startup.active()
+    if active is None or not active.owned_by(ender):
+        return
+    name = repr(active)
+    say(log, logging.WARNING, line, name)
+    Startup.end(ender, own_only=True)
+    # The finalizer's frame, as its own warnings.warn(stacklevel=2) named it.
+    warnings.warn(f"implicitly ended {name}: {dropped}", ResourceWarning, stacklevel=3)

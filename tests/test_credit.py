@@ -79,3 +79,46 @@ def test_a_credit_past_the_free_memory_is_cut_to_it_and_says_so(
     audit = complete(host)
     assert audit.credited_bytes == free and audit.uncut_credit_bytes == CREDIT
     assert audit.device_free_bytes == free and "CUT from" in audit.summary()
+
+
+@pytest.mark.parametrize(
+    ("returned", "shown"),
+    [
+        ((float("nan"), 80 << 30), "[NaN, 85899345920]"),
+        ((float("inf"), 80 << 30), "[Infinity, 85899345920]"),
+        ((1 << 30, 80 << 30, 7), "[1073741824, 85899345920, 7]"),
+    ],
+    ids=["nan", "inf", "three-values"],
+)
+def test_a_free_memory_figure_that_is_no_figure_is_one_line_naming_its_source(
+    monkeypatch: pytest.MonkeyPatch, returned: tuple[float, ...], shown: str
+) -> None:
+    # Issue 46: NaN, inf or three values fell back with a bare ValueError (or OverflowError)
+    # naming neither the figure nor torch.cuda.mem_get_info. A CPU reads no such figure: the
+    # CUDA calls are stand-ins here, and the device is named, never used.
+    import torch
+
+    from flare_l2evict._b12x import proof
+    from flare_l2evict._errors import InstallError
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: returned)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
+    with pytest.raises(InstallError) as raised:
+        proof.device_free_bytes(torch.device("cuda", 0))
+    line = str(raised.value)
+    assert line.startswith(f"torch.cuda.mem_get_info(cuda:0) returned {shown}, not the ")
+    assert "\n" not in line and "stock b12x kept. fix: " in line
+
+
+def test_a_free_memory_figure_of_two_whole_numbers_is_read_as_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from flare_l2evict._b12x import proof
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 * MiB, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 2 * MiB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: MiB)
+    assert proof.device_free_bytes(torch.device("cuda", 0)) == 4 * MiB

@@ -19,8 +19,9 @@ Behaviour -> outcome:
   nothing; the same runtime's hook twice -> 0, naming what is active, until its
   ``startup_complete``; two threads at once -> one credit in all;
 - the host ends and restarts start-up inside the hook -> the new start-up keeps its credit;
-  ``startup_complete`` during the offer -> carried out once ``add_reclaimed`` returned; an
-  installation made before the hook -> never credited;
+  ``startup_complete`` during the offer -> carried out once ``add_reclaimed`` returned (one
+  WARNING that says whether it came inside the call or before it); an installation made
+  before the hook -> never credited;
 - the hook under ``torch.inference_mode()``, races outside -> races run (torch read here,
   Triton on a GPU in ``test_gpu_host.py``); a log handler that raises -> neither hook breaks;
 - fewer evictions alive at once than ``race_jobs`` -> an audit WARNING naming the bytes; a
@@ -94,7 +95,7 @@ from support.watched import (
 )
 
 import flare_l2evict
-from flare_l2evict import L2EvictError, ReclaimReport
+from flare_l2evict import L2EvictError, ReclaimReport, StartupAudit
 from flare_l2evict._b12x.proof import measure_basis
 from flare_l2evict._eviction import EvictionHandle
 from flare_l2evict._settings import L2EvictSettings
@@ -261,6 +262,34 @@ def test_startup_complete_during_the_offer_waits_for_add_reclaimed_to_return() -
     assert hook(runtime).reclaimed_bytes == CREDIT
     assert seen == [True]
     assert not seam_is_ours()  # start-up was over: restored once the offer returned
+
+
+def test_startup_complete_between_the_offer_and_add_reclaimed_is_told_as_before_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Issue 46: the WARNING said startup_complete "ran inside kv_allocator.add_reclaimed"
+    # when it ran before the call (another thread's, here just after the credit was recorded).
+    from flare_l2evict import _core
+
+    ended: list[StartupAudit] = []
+
+    def end_on_another_thread() -> None:
+        other = threading.Thread(target=lambda: ended.append(end_any()))
+        other.start()
+        other.join()
+
+    runtime = hostile()
+    stop = Stop(at(_core._offer, "raised: BaseException"), end_on_another_thread)
+    with caplog.at_level(logging.WARNING, logger="flare_l2evict"):
+        assert stop.run(lambda: hook(runtime)).reclaimed_bytes == CREDIT
+    assert runtime.kv_allocator.applied == CREDIT and stop.fired
+    assert ended and ended[0].credited_bytes == CREDIT and not seam_is_ours()
+    (line,) = [r.getMessage() for r in caplog.records if "during the offer" in r.getMessage()]
+    assert (
+        "startup_complete ran after the credit was recorded but before "
+        "kv_allocator.add_reclaimed was called" in line
+    ), line
+    assert "inside" not in line and "once before_first_capture has returned" in line, line
 
 
 def test_an_installation_made_before_the_hook_is_never_credited() -> None:

@@ -566,6 +566,24 @@ class _SelfishName(str):
     __hash__ = str.__hash__
 
 
+class _HashedNameStandIn(str):
+    """A module name whose ``__hash__`` counts its calls: the scan must hash no key."""
+
+    calls = 0
+
+    def __hash__(self) -> int:
+        type(self).calls += 1
+        return str.__hash__(self)
+
+
+class _ClasslessKeyStandIn:
+    """A key that is no str and raises when asked its ``__class__`` (as ``isinstance`` does)."""
+
+    @property  # type: ignore[misc]  # a property over __class__, as a host's proxy may have
+    def __class__(self) -> type:
+        raise RuntimeError("host __class__")
+
+
 class _PosingAsAModule:
     __class__ = types.ModuleType  # type: ignore[assignment]  # isinstance() says module
 
@@ -579,8 +597,9 @@ class _PosingAsAModule:
         (_SelfishName("b12x.selfish"), types.ModuleType("selfish")),
         ("b12x.posing", _PosingAsAModule()),
         ("b12xfoo", types.ModuleType("b12xfoo")),
+        (_ClasslessKeyStandIn(), types.ModuleType("classless")),
     ],
-    ids=["int", "bytes", "tuple", "str-subclass", "posing-module", "b12xfoo"],
+    ids=["int", "bytes", "tuple", "str-subclass", "posing-module", "b12xfoo", "classless-key"],
 )
 def test_odd_entries_in_sys_modules_are_skipped_and_the_start_up_credits(
     key: Any, value: Any, monkeypatch: pytest.MonkeyPatch
@@ -589,3 +608,90 @@ def test_odd_entries_in_sys_modules_are_skipped_and_the_start_up_credits(
     monkeypatch.setitem(sys.modules, key, value)
     host = runtime()
     assert hook(host).reclaimed_bytes == CREDIT
+
+
+def test_the_scan_of_sys_modules_hashes_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 46: the scan looked each name up again (sys.modules.get), which ran a str
+    # subclass's own __hash__, though its comment said no method of the key runs.
+    key = _HashedNameStandIn("b12x.hashed")
+    monkeypatch.setitem(sys.modules, key, types.ModuleType("hashed"))
+    host = runtime()
+    _HashedNameStandIn.calls = 0
+    assert hook(host).reclaimed_bytes == CREDIT
+    assert _HashedNameStandIn.calls == 0
+
+
+class _BrokenLazyModuleStandIn(types.ModuleType):
+    """A lazy module whose load fails: reading any attribute raises (importlib's _LazyModule)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        raise ImportError("lazy load failed: no module named cutlass_x")
+
+
+def test_a_broken_lazy_module_is_named_with_the_scan_that_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 46: the fallback's line was the bare ImportError, naming neither module nor scan.
+    monkeypatch.setitem(sys.modules, "b12x.lazy", _BrokenLazyModuleStandIn("b12x.lazy"))
+    report = hook(runtime())
+    assert report.reclaimed_bytes == 0 and report.reason is not None
+    assert report.reason.startswith(
+        'sys.modules["b12x.lazy"] raised ImportError: lazy load failed: no module named '
+        "cutlass_x when read by the plugin's scan of b12x's loaded modules"
+    )
+    assert "fix: make `import b12x.lazy` succeed before start-up" in report.reason
+
+
+class _RaisingConfigStandIn(Mapping[str, Any]):
+    """A host's config mapping that raises on one kind of read: ``get`` of the top level,
+    iteration of the top level (the near-miss scan, with no plugins table), or iteration of
+    the plugin's own section (its copy)."""
+
+    def __init__(self, fails: str) -> None:
+        self.fails = fails
+
+    def __getitem__(self, key: str) -> Any:
+        if self.fails == "section" and key == "plugins":
+            return {"l2evict": _RaisingConfigStandIn("iteration")}
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if self.fails == "get":
+            raise RuntimeError("host config get")
+        return super().get(key, default)
+
+    def __iter__(self) -> Iterator[str]:
+        if self.fails in ("iteration", "scan"):
+            raise RuntimeError(f"host config {self.fails}")
+        return iter(())
+
+    def __len__(self) -> int:
+        return 1  # truthy: the reference runtime takes an empty config for none
+
+
+@pytest.mark.parametrize(
+    ("fails", "raised"),
+    [("get", "get"), ("scan", "scan"), ("section", "iteration")],
+    ids=["get", "near-miss-scan", "section-copy"],
+)
+def test_a_config_mapping_that_raises_is_named_as_runtime_config(fails: str, raised: str) -> None:
+    # Issue 46: the line was the host's bare exception, or named "[the deployment config]".
+    config: Any = _RaisingConfigStandIn(fails)  # a Mapping, where the reference host's is a dict
+    report = hook(runtime(config=config))
+    assert report.reclaimed_bytes == 0 and report.reason is not None
+    assert report.reason.startswith(
+        f"runtime.config raised RuntimeError: host config {raised} when read for "
+        "[plugins.l2evict]: the host must pass the deployment config as a mapping"
+    ), report.reason
+
+
+def test_a_near_miss_from_a_hook_called_inside_an_except_block_is_no_raising_config() -> None:
+    # The exception the host is handling is the context of any raise inside the hook: it is
+    # not runtime.config's.
+    try:
+        raise LookupError("the host's own, being handled")
+    except LookupError:
+        report = hook(runtime(config={"plugins": {"l2evic": {}}}))
+    assert report.reason is not None and report.reason.startswith("no [plugins.l2evict]"), (
+        report.reason
+    )

@@ -136,6 +136,21 @@ def test_the_passive_parts_take_no_callback_into_the_start_up() -> None:
     assert found == [], found
 
 
+def test_only_the_start_up_object_reads_its_phase() -> None:
+    # Issue 46: _core read `startup.phase is not Phase.INSTALLED`; it asks the start-up now
+    # (Startup.awaits_offer), so the phase table has one reader.
+    peeking = []
+    for path in _runtime_modules():
+        if path == RUNTIME / "_startup.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "phase":
+                peeking.append(f"{path.relative_to(RUNTIME)}:{node.lineno} .phase")
+            if isinstance(node, ast.alias) and node.name == "Phase":
+                peeking.append(f"{path.relative_to(RUNTIME)} imports Phase")
+    assert peeking == [], peeking
+
+
 def test_only_faulted_raises_the_fallback_error_and_the_raise_rule_is_spelled_once() -> None:
     # Issue 42: start() let every L2EvictError through (`issubclass(type(error), L2EvictError)`);
     # it now lets through the one class only _core.faulted raises. And on_error = "raise" was

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from support.json_output import parsed, schema_of, validate
 from support.scripts import script
 
@@ -113,3 +114,49 @@ def test_check_races_figures_fit_the_schema(capsys: pytest.CaptureFixture[str]) 
 def test_a_key_without_a_description_stops_the_tables() -> None:
     with pytest.raises(ValueError, match=r"^the top\.x has no description: give its Field one"):
         docs._tables({"properties": {"x": {"type": "integer"}}})
+
+
+def test_the_plugin_models_fields_get_their_descriptions_in_the_startup_schema() -> None:
+    from flare_l2evict.tools import _json_output
+
+    defs = schema_of("startup")["$defs"]
+    for model, texts in _json_output._DESCRIPTIONS.items():
+        # startup prints the plugin's report as a subclass of it: the words land there too.
+        where = "StartupReport" if model.__name__ == "ReclaimReport" else model.__name__
+        for name, text in texts.items():
+            assert defs[where]["properties"][name]["description"] == text, (where, name)
+
+
+@pytest.mark.parametrize("renamed", ["source_tensor", "rank"])
+def test_a_described_field_renamed_in_its_model_fails_every_schema(
+    monkeypatch: pytest.MonkeyPatch, renamed: str
+) -> None:
+    # Issue 46: the words were keyed by class-name strings, so a rename dropped them silently.
+    from flare_l2evict._report import ReclaimReport
+    from flare_l2evict.tools import _json_output
+
+    texts = dict(_json_output._DESCRIPTIONS[ReclaimReport])
+    texts["source_name"] = texts.pop(renamed)  # as if the model's field had been renamed
+    table: dict[type[BaseModel], dict[str, str]] = {
+        **_json_output._DESCRIPTIONS,
+        ReclaimReport: texts,
+    }
+    monkeypatch.setattr(_json_output, "_DESCRIPTIONS", table)
+    with pytest.raises(LookupError, match=r"^_DESCRIPTIONS names ReclaimReport\.source_name: "):
+        schema_of("startup")
+
+
+def test_a_field_the_model_describes_itself_is_not_described_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flare_l2evict._report import DeviceAudit
+    from flare_l2evict.tools import _json_output
+
+    texts = {**_json_output._DESCRIPTIONS[DeviceAudit], "requested": "Evictions asked for."}
+    table: dict[type[BaseModel], dict[str, str]] = {
+        **_json_output._DESCRIPTIONS,
+        DeviceAudit: texts,
+    }
+    monkeypatch.setattr(_json_output, "_DESCRIPTIONS", table)
+    with pytest.raises(LookupError, match=r"^DeviceAudit\.requested is described twice$"):
+        schema_of("startup")

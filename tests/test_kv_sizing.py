@@ -296,3 +296,29 @@ def test_kv_sizing_is_read_once_on_a_refused_path() -> None:
     assert report.reclaimed_bytes == 0 and (report.reason or "").startswith("runtime.race_jobs")
     assert report.kv_sizing == "measured"  # what the host said, for the agreement too
     assert CountingSizingHost.reads == 1
+
+
+@pytest.mark.parametrize("free", [0, 100 * MiB], ids=["none-free", "less-than-the-credit"])
+def test_the_free_memory_cap_bounds_a_credit_never_a_measuring_hosts_install(
+    monkeypatch: pytest.MonkeyPatch, free: int
+) -> None:
+    # Issue 46: with nothing free on the device, the cap cut the figure to 0 and a measuring
+    # host, which takes no credit, lost its install. A CPU has no free figure: the device's
+    # reading stands in for one, as in test_credit.py.
+    from flare_l2evict._b12x import proof
+
+    monkeypatch.setattr(proof, "device_free_bytes", lambda device: free)
+    allocator = ReferenceKVAllocator(1024)
+    measuring = Host("measured", allocator)
+    report = hook(measuring)
+    assert report.reclaimed_bytes == 0 and report.unallocated_bytes == CREDIT
+    assert report.mechanism == "stock-seam" and report.uncut_credit_bytes is None
+    active = installed()
+    assert active is not None and active.phase is Phase.KEPT and seam_is_ours()
+    assert allocator.reports == []
+    complete(measuring)
+    reserving = Host("reserved", ReferenceKVAllocator(1024))
+    report = hook(reserving)  # the same cap bounds a reserving host's credit
+    assert report.reclaimed_bytes == free and report.uncut_credit_bytes == CREDIT
+    assert (report.mechanism == "none") == (free == 0)
+    complete(reserving)

@@ -11,17 +11,20 @@ import importlib
 import inspect
 import itertools
 import logging
+import math
+import operator
 import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .._credit import stock_buffer_bytes
 from .._errors import InstallError
 from .._log import say
+from .._text import described, described_value, literal, shown
 from .provider import MIN_B12X, MIN_FLASHINFER, provider_problem, versions
 from .table import ROOTS, SeamRow, rows
 
@@ -50,7 +53,7 @@ class Binding:
 
 @dataclass(frozen=True)
 class SeamProof:
-    """What :func:`prove_seam` found; :class:`~.patch.Patch` acts on it alone.
+    """What :func:`prove_seam` found: the names :class:`~.seam.StockSeam` replaces, and no others.
 
     Invariant: every race code path of the loaded b12x that makes an eviction reaches one of
     ``seams``' ``_l2_flush_fn`` at call time, through its module global or one of
@@ -103,19 +106,41 @@ _SUBMODULES = tuple(root + "." for root in ROOTS)
 
 def _loaded_b12x() -> list[types.ModuleType]:
     # The thousands of names a server has loaded are tested in C (map, compress): every
-    # start-up scans, and a Python loop over them was most of a start-up's own time. A key
-    # that is no str is skipped, and a str subclass's own methods never run.
-    names = list(sys.modules)
-    texts = list(itertools.compress(names, map(isinstance, names, itertools.repeat(str))))
-    seen: dict[int, types.ModuleType] = {}
-    for name in itertools.compress(texts, map(str.startswith, texts, itertools.repeat(ROOTS))):
+    # start-up scans, and a Python loop over them was most of a start-up's own time. The
+    # entries are copied in one call, so no key is hashed (a str subclass's __hash__ would
+    # run) and none looked up again; a key is tested by its type, never by isinstance (which
+    # asks a key that is no str for its __class__), and a str subclass's text is read by
+    # str's own methods: no method of a host's key runs.
+    entries = list(sys.modules.items())
+    keys = map(operator.itemgetter(0), entries)
+    textual = map(issubclass, map(type, keys), itertools.repeat(str))
+    entries = list(itertools.compress(entries, textual))
+    names = map(operator.itemgetter(0), entries)
+    rooted = map(str.startswith, names, itertools.repeat(ROOTS))
+    seen: dict[int, tuple[str, types.ModuleType]] = {}
+    for name, module in itertools.compress(entries, rooted):
         text = str.__str__(name)
-        module = sys.modules.get(name)
         if (text in ROOTS or text.startswith(_SUBMODULES)) and issubclass(
             type(module), types.ModuleType
         ):
-            seen.setdefault(id(module), cast(types.ModuleType, module))
-    return list(seen.values())
+            seen.setdefault(id(module), (text, module))
+    return [_read(text, module) for text, module in seen.values()]
+
+
+def _read(name: str, module: types.ModuleType) -> types.ModuleType:
+    """``module`` once its name and namespace could be read (a lazy module loads here); raises
+    naming it and the scan when they cannot: the scan cannot tell what a module it cannot
+    read holds, so stock b12x stays."""
+    try:
+        module.__name__, vars(module)  # read for what reading them raises
+    except Exception as error:
+        raise InstallError(
+            f"sys.modules[{literal(name)}] raised {described(error, 300)} when read by the "
+            "plugin's scan of b12x's loaded modules for copies of its eviction function; stock "
+            f"b12x kept. fix: make `import {shown(name, 120)}` succeed before start-up, or "
+            "remove it from sys.modules"
+        ) from None
+    return module
 
 
 def _check_signature(row: SeamRow, module: types.ModuleType, original: object) -> SeamFunction:
@@ -370,9 +395,32 @@ def device_free_bytes(device: torch.device) -> int | None:
         return None
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    free, _total = torch.cuda.mem_get_info(device)
+    free = _driver_free_bytes(device)
     unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return max(0, int(free) + unused)
+    return max(0, free + unused)
+
+
+def _driver_free_bytes(device: torch.device) -> int:
+    """The free bytes of ``torch.cuda.mem_get_info``'s (free, total); raises one line naming
+    the call and what it returned when that is not two figures of bytes (NaN, inf, a third
+    value: a host's patch of torch, or a broken driver), since no credit can be bounded by it."""
+    got = torch.cuda.mem_get_info(device)
+    figures = got if type(got) in (tuple, list) and len(got) == 2 else ()
+    if all(_bytes_figure(figure) for figure in figures) and figures:
+        return int(figures[0])
+    raise InstallError(
+        f"torch.cuda.mem_get_info({device}) returned {described_value(got, 200)}, not the "
+        "device's (free, total) bytes, so the memory free to back a credit is unknown; stock "
+        "b12x kept. fix: let torch.cuda.mem_get_info return the driver's two figures (undo "
+        "the patch of it, or repair the CUDA driver)"
+    )
+
+
+def _bytes_figure(value: object) -> bool:
+    """A count of bytes: a whole number >= 0 (a float of one too), never NaN, inf or a bool."""
+    if type(value) is int:
+        return value >= 0
+    return type(value) is float and math.isfinite(value) and value >= 0 and value.is_integer()
 
 
 def measure_basis(

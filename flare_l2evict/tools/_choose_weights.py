@@ -9,9 +9,7 @@ than raising. This composes the same three, so what it chooses is what start-up 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
-import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 
@@ -22,12 +20,9 @@ from .._b12x.seam import seam_for
 from .._decision import choose_regions
 from .._errors import InstallError, L2EvictError, WeightsError
 from .._eviction import Kernel, WeightEviction
-from .._log import say
 from .._report import HOST, StartupAudit, Wording
-from .._startup import Busy, Startup
+from .._startup import Busy, Startup, end_dropped
 from .._weights import WeightChoice, storages_of, weight_choice
-
-log = logging.getLogger("flare_l2evict")
 
 
 def choose_weights(
@@ -55,7 +50,7 @@ def choose_weights(
 
 
 class Installed:
-    """An eviction installed outside any host's or program's start-up (benches, tests, ``check``).
+    """An eviction installed by neither a host's hook nor a program's block (benches, tests).
 
     Its lifetime is the ``with`` block that holds it: ``with install(choice, basis) as
     installed:`` -- b12x's races read the weights inside the block, and on exit, whatever
@@ -128,22 +123,14 @@ class Installed:
 
 
 def _ended_when_dropped(startup: Startup) -> None:
-    """A handle's finalizer: its start-up ends, and the drop is named, never silent: one
-    WARNING line, and a ``ResourceWarning`` once it ended (as ``TemporaryDirectory`` does), so
-    a test that drops one fails under ``-W error::ResourceWarning``."""
-    if Startup.active() is not startup:  # already over (startup_complete, or a later end)
-        return
-    name = repr(startup)
-    say(
-        log,
-        logging.WARNING,
+    """A handle's finalizer: its start-up ends, named
+    (:func:`~flare_l2evict._startup.end_dropped`); one already over is gone silently."""
+    end_dropped(
+        startup,
         "flare_l2evict: %s was dropped without end(), so stock b12x is back and races no longer "
         "read the weights; fix: hold it in `with install(...) as installed:` around the races",
-        name,
+        "an install(...) handle dropped without end()",
     )
-    Startup.end(startup, own_only=True)
-    warnings.warn(f"implicitly ended {name}: an install(...) handle dropped without end()",
-                  ResourceWarning, stacklevel=2)  # fmt: skip
 
 
 def install(

@@ -20,6 +20,10 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
+
+from .._report import DeviceAudit, ReclaimReport, StartupAudit
 
 SCHEMA_VERSION: Final = 3
 """``"schema"`` of every JSON object the CLI prints: raised when a key changes meaning."""
@@ -54,8 +58,8 @@ def printed(output: BaseModel) -> str:
     return json.dumps(output.model_dump(mode="json", by_alias=True), indent=2)
 
 
-_DESCRIPTIONS: dict[str, dict[str, str]] = {
-    "StartupReport": {
+_DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
+    ReclaimReport: {
         "device": "The device the races run on (cpu, cuda:N).",
         "rank": "This rank in the tensor-parallel job.",
         "world_size": "Ranks in the tensor-parallel job.",
@@ -68,7 +72,7 @@ _DESCRIPTIONS: dict[str, dict[str, str]] = {
         "race_jobs": "Race jobs held at once, each credited one stock buffer.",
         "reason": "Why nothing was reclaimed (set when reclaimed_bytes is 0), else null.",
     },
-    "StartupAudit": {
+    StartupAudit: {
         "mechanism": "How the eviction was installed (none: nothing was).",
         "device": "The credited device, or null.",
         "credited_bytes": "Bytes offered to the KV allocator at before_first_capture.",
@@ -76,20 +80,38 @@ _DESCRIPTIONS: dict[str, dict[str, str]] = {
         "shortfall_bytes": "Bytes stock buffers allocated on the credited device while the "
         "credit stood (0 when the weights served every eviction).",
     },
-    "DeviceAudit": {"device": "The device the races asked on."},
+    DeviceAudit: {"device": "The device the races asked on."},
 }
 """What the fields of the plugin's own models (its report and audit) hold, where the model
-leaves it unsaid: the schema and the field tables say it for every key."""
+leaves it unsaid: the schema and the field tables say it for every key. Keyed by the models
+themselves, and each name checked against its model's fields when a schema is made
+(:class:`_Described`): a field renamed there fails every schema, never drops its words."""
+
+
+class _Described(GenerateJsonSchema):
+    """Pydantic's schema, with :data:`_DESCRIPTIONS` written into each model's properties (and
+    into a subclass's, as ``startup``'s report of the plugin's own)."""
+
+    def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
+        made = super().model_schema(schema)
+        for base, texts in _DESCRIPTIONS.items():
+            if not issubclass(schema["cls"], base):
+                continue
+            for name, text in texts.items():
+                if name not in base.model_fields:
+                    raise LookupError(f"_DESCRIPTIONS names {base.__name__}.{name}: no such field")
+                prop = made["properties"][name]
+                if "description" in prop:  # the model's own words: one place says it
+                    raise LookupError(f"{base.__name__}.{name} is described twice")
+                prop["description"] = text
+        return made
 
 
 def json_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The JSON Schema of what ``model`` prints, every key required and described."""
-    schema = model.model_json_schema(by_alias=True, mode="serialization")
-    for name, node in [("", schema), *schema.get("$defs", {}).items()]:
-        for key, prop in node.get("properties", {}).items():
-            told = _DESCRIPTIONS.get(name, {}).get(key)
-            if told is not None and "description" not in prop:
-                prop["description"] = told
+    schema = model.model_json_schema(
+        by_alias=True, mode="serialization", schema_generator=_Described
+    )
     for node in _objects(schema):
         node["required"] = list(node["properties"])  # model_dump writes every field
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
