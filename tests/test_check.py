@@ -58,7 +58,8 @@ def test_a_bare_check_says_which_device_and_why(capsys: pytest.CaptureFixture[st
     assert versions == f"torch {importlib.metadata.version('torch')}"
     assert provider.startswith(f"b12x provider: FlashInfer (flashinfer-python {flashinfer}); ")
     assert imported.startswith("import b12x loads /") and imported.endswith(".py")
-    assert all(len(line) <= 100 for line in lines)
+    # Within 100 columns, but for a path longer than that: whole, on a line of its own.
+    assert all(len(line) <= 100 or " " not in line.strip() for line in lines)
     assert out.count(flashinfer) == 1
     assert "seam: installs" in out and code == 0
 
@@ -256,7 +257,7 @@ def test_a_standalone_b12x_is_looked_up_in_the_table(
     # The stand-in has no races: the proof refuses it, whatever the table says.
     lines = out.splitlines()
     assert code == 1 and lines[lines.index("seam: falls back") + 1].startswith("    b12x ")
-    assert all(len(line) <= 100 for line in lines)
+    assert all(len(line) <= 100 or " " not in line.strip() for line in lines)  # a path: whole
 
 
 def test_no_b12x_names_what_was_found_and_what_is_needed(

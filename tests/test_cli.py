@@ -25,6 +25,7 @@ from support.json_output import parsed
 from support.stderr import the_error
 
 from flare_l2evict import L2EvictError
+from flare_l2evict._text import shown
 from flare_l2evict.tools.cli import main
 from flare_l2evict.tools.cli._shared import error_line, fix_for
 
@@ -137,9 +138,9 @@ def test_a_missing_checkpoint_is_worded_alike_in_every_command(
             code, out, err = run(capsys, command, str(tmp_path / name))
             assert code == 2 and out == "", (command, err)
             said.add(err.removeprefix(f"error: flare-l2evict {command}: "))
-        assert said == {
-            f"{tmp_path / name}: no such checkpoint file; fix: check the path, and pass the "
-            "checkpoint's .safetensors files or its model.safetensors.index.json\n"
+        assert said == {  # the path cut as every echoed value is, past 200 characters
+            f"{shown(str(tmp_path / name))}: no such checkpoint file; fix: check the path, and "
+            "pass the checkpoint's .safetensors files or its model.safetensors.index.json\n"
         }
 
 
@@ -337,7 +338,7 @@ _SHAPE = re.compile(r"^error: flare-l2evict (startup|plan|check|example): (.+); 
     [
         (["plan", "{tmp}/missing.safetensors"], "no such checkpoint file", "check the path"),
         (["startup", "{tmp}/missing.safetensors"], "no such checkpoint file", "check the path"),
-        (["check", "--config", "{tmp}/bad.toml"], "bad.toml: cannot parse toml (", "correct the "
+        (["check", "--config", "{tmp}/bad.toml"], "{bad}: cannot parse toml (", "correct the "
          "config file at the line named"),
         (["check", "--config", "{tmp}/window.toml"], "plugins.l2evict.window = -5 is invalid",
          "correct the deployment config's [plugins.l2evict] at the key named"),
@@ -363,6 +364,7 @@ def test_every_error_has_one_shape(
     assert code == 2 and out == ""
     shape = _SHAPE.match(err)
     assert shape is not None, err
+    cause = cause.format(bad=shown(str(tmp_path / "bad.toml")))  # cut as every echoed value is
     assert shape.group(1) == argv[0] and cause in shape.group(2) and fix in shape.group(3)
     assert "re-download" not in err
 

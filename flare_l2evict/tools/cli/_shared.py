@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import sys
-import textwrap
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -36,6 +35,7 @@ from .._profiles import (
     GiB,
     MiB,
 )
+from .._wrapping import WIDTH, wrap
 
 if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any tool
     import torch
@@ -104,9 +104,7 @@ class Command:
         """``--help``'s tail: one example, and what each exit code means."""
         lines = ["example:", f"  {PROG} {self.example}", "", "exit codes:"]
         for code, meaning in self.exits.lines():
-            lines += textwrap.wrap(
-                meaning, 78, initial_indent=f"  {code:<3}  ", subsequent_indent="       "
-            )
+            lines += wrap(meaning, 78, first=f"  {code:<3}  ", rest="       ")
         return "\n".join(lines)
 
 
@@ -396,20 +394,12 @@ def add_config_flag(parser: Parser) -> None:
 
 # -- what a command prints ------------------------------------------------------------------
 
-WIDTH = 100
-"""Columns every line a command prints on stdout fits in; detail goes on lines under it."""
 
-
-def wrapped(text: str, indent: str = "", more: str = "  ") -> str:
-    """``text`` within :data:`WIDTH` columns, every line after the first indented ``more``."""
+def wrapped(text: str, indent: str = "", more: str = "  ", whole: Sequence[str] = ()) -> str:
+    """``text`` within :data:`WIDTH` columns, every line after the first indented ``more``;
+    broken at blanks only, and never inside any of ``whole``."""
     return "\n".join(
-        textwrap.wrap(
-            text,
-            WIDTH,
-            initial_indent=indent,
-            subsequent_indent=indent + (more if indent else ""),
-            break_on_hyphens=False,
-        )
+        wrap(text, WIDTH, first=indent, rest=indent + (more if indent else ""), whole=whole)
     )
 
 

@@ -128,7 +128,8 @@ def _run(args: argparse.Namespace) -> int:
         held = "race peak" if device.type == "cuda" else "L2 eviction storage"
         header += f"\nKV cache sized by measurement after the races: memory - loaded - {held}"
     label = " ".join(f"--plugin {name}" for name in args.plugin) or "with no --plugin"
-    print(table(header, before, after, label, disabled=ours and not enabled))
+    whole = (*deployment.found.whole(), *(shown(str(path)) for path in args.checkpoint))
+    print(table(header, before, after, label, disabled=ours and not enabled, whole=whole))
     return code
 
 
@@ -198,8 +199,18 @@ def _winners(arm: StartupArm) -> str:
     return ",".join(map(str, arm.race_winners)) or "-"
 
 
-def table(header: str, before: StartupArm, after: StartupArm, label: str, *, disabled: bool) -> str:
-    """The seed's table: each figure without and with plugins, then the notes under it."""
+def table(
+    header: str,
+    before: StartupArm,
+    after: StartupArm,
+    label: str,
+    *,
+    disabled: bool,
+    whole: Sequence[str] = (),
+) -> str:
+    """The seed's table: each figure without and with plugins, then the notes under it.
+
+    The header's lines are wrapped, each of ``whole`` (a path) kept whole."""
     measured = " (measured)" if after.eviction_measured else ""
     # enabled = false is the operator's choice, not a fallback: the words check and plan use.
     asked = after.reclaimed_bytes + after.credit_cut_bytes  # the report's own figure
@@ -234,7 +245,7 @@ def table(header: str, before: StartupArm, after: StartupArm, label: str, *, dis
             ),
         ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = [*map(wrapped, header.splitlines()), ""]
+    lines = [*(wrapped(line, whole=whole) for line in header.splitlines()), ""]
     lines += [f"{a:<{widths[0]}}   {b:>{widths[1]}}   {c:>{widths[2]}}" for a, b, c in rows]
     # The plugin's report and audit are its own log lines (stderr): printing them here
     # too would say each fact twice. The table says what only the host knows.
