@@ -157,6 +157,14 @@ def test_bad_config_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 def test_unknown_plugin_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "startup", "--plugin", "nope", "--profile", "h100")
     assert code == 2 and "--plugin nope: no such flare plugin is installed" in err
+    assert "did you mean" not in err
+
+
+def test_a_misspelled_plugin_gets_the_nearest(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 46: the docs promised a "did you mean" for a misspelled name; --plugin had none.
+    code, out, err = run(capsys, "startup", "--plugin", "l2evcit")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "; fix: did you mean --plugin l2evict? (else pip install the package" in err
 
 
 def test_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,6 +8,7 @@ raises the same one-line error the later reader would.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -101,10 +102,13 @@ def refuse_unknown_plugins(names: Sequence[str]) -> None:
     installed = installed_plugins()
     for name in names:
         if name not in installed:
+            fix = "pip install the package that provides it, or drop the flag"
+            nearest = difflib.get_close_matches(name, installed, n=1, cutoff=0.75)
+            if nearest:
+                fix = f"did you mean --plugin {nearest[0]}? (else {fix})"
             raise PluginNotFoundError(
                 f"--plugin {name}: no such flare plugin is installed "
-                f"(installed: {', '.join(installed) or 'none'}); "
-                "fix: pip install the package that provides it, or drop the flag"
+                f"(installed: {', '.join(installed) or 'none'}); fix: {fix}"
             )
 
 

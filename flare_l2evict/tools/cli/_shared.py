@@ -152,6 +152,8 @@ class Parser(argparse.ArgumentParser):
             known = flags
         elif found := re.search(r"invalid choice: '(.{1,100}?)' \(choose from (.*)\)", message):
             typed, known = found.group(1), re.findall(r"'?([\w-]+)'?", found.group(2))
+        elif found := re.search(r"argument --device: '(.{1,40}?)' is not a device", message):
+            return _nearest_device(found.group(1))
         else:
             return None
         if typed is None:
@@ -161,6 +163,20 @@ class Parser(argparse.ArgumentParser):
         wanted = typed.partition("=")[0].lstrip("-")
         close = difflib.get_close_matches(wanted, list(bare), n=1, cutoff=0.75)
         return bare[close[0]] if close else None
+
+
+def _nearest_device(typed: str) -> str | None:
+    """The device nearest a misspelled ``--device`` (``cudaa`` -> ``cuda``, ``cuda1`` ->
+    ``cuda:1``): its type's nearest name, with its index where it had one."""
+    kind, colon, index = typed.partition(":")
+    if not colon and (number := re.fullmatch(r"(.*?)([0-9]+)", typed, re.ASCII)):
+        kind, index = number.groups()
+    close = difflib.get_close_matches(kind.lower(), ["cpu", "cuda"], n=1, cutoff=0.75)
+    if not close:
+        return None
+    numbered = close[0] == "cuda" and index.isascii() and index.isdigit() and len(index) <= 3
+    nearest = f"cuda:{int(index)}" if numbered else close[0]
+    return nearest if nearest != typed else None
 
 
 def parser(commands: Sequence[Command], version: str) -> Parser:
