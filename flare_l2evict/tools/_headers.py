@@ -532,7 +532,12 @@ def _read_checkpoint(paths: Sequence[Path]) -> list[TensorHeader]:
         tensors.extend(headers)
     if not tensors:
         shown_paths = shown(", ".join(map(str, paths)))
-        raise CheckpointError(f"{shown_paths}: no tensors in the checkpoint")
+        one = len(paths) == 1
+        raise CheckpointError(
+            f"{shown_paths}: {'its header declares' if one else 'their headers declare'} no "
+            "tensors, so there are no weights to read; fix: pass the checkpoint files that hold "
+            "the model's weights (a file saved from an empty state dict holds none)"
+        )
     return tensors
 
 

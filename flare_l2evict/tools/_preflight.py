@@ -28,7 +28,7 @@ from .._text import shown
 from ._json_output import Output
 from ._origin import b12x_origin, judged
 from ._persisting_l2 import PersistingL2
-from ._plan import cut_name
+from ._plan import RACE_JOBS_FLAG, cut_name
 from ._wrapping import wrap
 
 if TYPE_CHECKING:
@@ -361,6 +361,7 @@ def storage_and_credit(
             stock_buffer_bytes=found.basis.stock.nbytes,
             window_bytes=window,
             read_bytes=window,
+            race_jobs_from=RACE_JOBS_FLAG,
         )
         condition = window_condition(window) if granted.nbytes else None
         return Decided(granted, condition, unchecked)
