@@ -71,6 +71,17 @@ def bad_files(tmp: Path) -> dict[str, Path]:
             {"a": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}},
             bytes(16),
         ),
+        # Issue 46: a large size was printed as 3.35544e+07 beside grouped offsets.
+        "large_shape": header_file(
+            tmp / "large_shape.safetensors",
+            {"a": {"dtype": "F32", "shape": [1 << 23], "data_offsets": [0, 16]}},
+            bytes(16),
+        ),
+        "part_byte": header_file(
+            tmp / "part_byte.safetensors",
+            {"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}},
+            bytes(2),
+        ),
         "dtype": header_file(
             tmp / "dtype.safetensors",
             {"a": {"dtype": "F99", "shape": [4], "data_offsets": [0, 16]}},
@@ -120,6 +131,8 @@ def bad_files(tmp: Path) -> dict[str, Path]:
 CLI_CASES: list[tuple[list[str], str]] = [
     (["plan", "{gap}"], "gap or overlap"),
     (["plan", "{shape}"], "F32 [5] needs 20 bytes, the offsets span 16"),
+    (["plan", "{large_shape}"], "F32 [8388608] needs 33,554,432 bytes, the offsets span 16)"),
+    (["plan", "{part_byte}"], "F4 [3] needs 12 bits, not whole bytes, the offsets span 2)"),
     (["plan", "{dtype}"], "unknown dtype 'F99'"),
     (["plan", "{tail}"], "tensors cover 16 of the 20 data bytes"),
     (["plan", "{meta}"], "__metadata__ must map strings to strings"),

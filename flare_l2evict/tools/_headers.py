@@ -272,8 +272,10 @@ def _nbytes(entry: _Entry) -> int:
     if bits > _USIZE_MAX:
         raise ValueError(f"shape {list(entry.shape)} overflows 64 bits")
     if bits % 8 or bits // 8 != entry.end - entry.begin:
+        # Grouped digits as the offsets beside it, never 3.35544e+07; a part byte as bits.
+        needs = f"{bits // 8:,} bytes" if bits % 8 == 0 else f"{bits:,} bits, not whole bytes"
         raise ValueError(
-            f"{entry.dtype} {list(entry.shape)} needs {bits / 8:,g} bytes, the offsets span "
+            f"{entry.dtype} {list(entry.shape)} needs {needs}, the offsets span "
             f"{entry.end - entry.begin:,}"
         )
     return bits // 8
