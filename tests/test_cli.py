@@ -160,6 +160,20 @@ def test_unknown_plugin_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert "did you mean" not in err
 
 
+def test_the_startup_table_says_why_the_plugin_fell_back(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Issue 46: the table showed 0 B and no reason; only the log on stderr said why.
+    path = sparse_zeros(tmp_path / "model.safetensors", {"w": (MiB // 4,)})
+    code, out, _ = run(capsys, "startup", str(path), "--plugin", "l2evict", "--race-jobs", "1")
+    notes = " ".join(out.split("Reclaimed (report)")[1].split())
+    assert code == 1 and "note: --plugin l2evict: fell back (stock b12x kept): " in notes, out
+    assert "no storage on cpu covers the 268,435,456-byte eviction window" in notes, out
+    # Installed: no such note.
+    code, out, _ = run(capsys, "startup", "--plugin", "l2evict", "--l2-mib", "16")
+    assert code == 0 and "fell back" not in out, out
+
+
 def test_a_misspelled_plugin_gets_the_nearest(capsys: pytest.CaptureFixture[str]) -> None:
     # Issue 46: the docs promised a "did you mean" for a misspelled name; --plugin had none.
     code, out, err = run(capsys, "startup", "--plugin", "l2evcit")
