@@ -56,6 +56,7 @@ def credit(
     read_bytes: int,
     overhead_bytes: int = CREDIT_OVERHEAD_BYTES,
     free_bytes: int | None = None,
+    race_jobs_from: str = "runtime.race_jobs",
 ) -> Credit:
     """What this rank may credit: stock's buffers for the jobs that will read the weights.
 
@@ -70,7 +71,8 @@ def credit(
       are subtracted, so the figure is a lower bound of what the races stop allocating.
 
     ``stock_buffer_bytes`` is what stock b12x allocates per job on this device, measured
-    (:mod:`~._b12x.proof`); ``free_bytes`` what is free to torch there (``None`` off CUDA).
+    (:mod:`~._b12x.proof`); ``free_bytes`` what is free to torch there (``None`` off CUDA);
+    ``race_jobs_from`` where the caller's race jobs come from, for the fix of 0 (a flag).
     """
     if not installable:
         return Credit(0, "nothing installed")
@@ -78,7 +80,7 @@ def credit(
         return Credit(
             0,
             f"nothing to reclaim: the host runs {race_jobs} race jobs; fix: pass "
-            "runtime.race_jobs, the b12x race jobs this process holds at once",
+            f"{race_jobs_from}, the b12x race jobs this process holds at once",
         )
     if stock_buffer_bytes <= 0:
         return Credit(0, "stock b12x allocated nothing for its eviction on this device")

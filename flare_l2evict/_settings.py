@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import re
+import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
@@ -227,9 +227,20 @@ def _names(table: Mapping[Any, Any], where: str) -> Iterator[str]:
 
 
 def _near(name: str, wanted: str) -> bool:
-    """Whether ``name`` is ``wanted`` but for case, ``-``, ``_`` or blanks, and at most one
-    letter missing, extra, changed, or two neighbours swapped."""
-    a, b = (re.sub(r"[-_\s]", "", text.casefold()) for text in (name, wanted))
+    """Whether ``name`` is ``wanted`` but for case, width (NFKC), ``-``, ``_`` or blanks, and at
+    most one letter missing, extra, changed, or two neighbours swapped.
+
+    A name whose numbers differ is another plugin's, not a typo: ``l1evict``, ``l3evict`` and
+    ``l2evict2`` hold their own plugins' sections (issue 46). A digit typed as a letter
+    (``lwevict``) leaves no number to differ, and is a near miss still.
+    """
+    a, b = (
+        re.sub(r"[-_\s]", "", unicodedata.normalize("NFKC", text).casefold())
+        for text in (name, wanted)
+    )
+    numbers = _numbers(a)
+    if numbers and numbers != _numbers(b):
+        return False
     if len(a) == len(b):
         diff = [i for i in range(len(a)) if a[i] != b[i]]
         if len(diff) <= 1:
@@ -242,14 +253,37 @@ def _near(name: str, wanted: str) -> bool:
     )
 
 
+def _numbers(name: str) -> list[int]:
+    """The numbers in ``name``, in order: ``l2evict2`` -> [2, 2] (any script's digits)."""
+    return [int(run) for run in re.findall(r"\d+", name)]
+
+
 def _refuse(*path: str) -> None:
-    where = ".".join(p if _BARE.fullmatch(p) else json.dumps(p, ensure_ascii=False) for p in path)
+    where = ".".join(_key(part) for part in path)
     raise ConfigError(
-        f"no [{_SECTION_NAME}] section, but [{shown(where, 80)}] is near its name: the plugin "
+        f"no [{_SECTION_NAME}] section, but [{shown(where, 120)}] is near its name: the plugin "
         f"reads only [{_SECTION_NAME}], so that section's keys would be ignored and the "
-        f"plugin would run with its defaults; fix: rename [{shown(where, 80)}] to "
-        f"[{_SECTION_NAME}] (lower case, no '-' or '_')"
+        f"plugin would run with its defaults; fix: rename [{shown(where, 120)}] to "
+        f"[{_SECTION_NAME}] (lower case, no '-' or '_'), or, if that section is another "
+        f"plugin's, add an empty [{_SECTION_NAME}] to keep this plugin's defaults"
     )
+
+
+def _key(part: str) -> str:
+    """``part`` as TOML writes a key, every character past ASCII escaped (``\\u0456``, a
+    Cyrillic i; ``\\u00a0``, a no-break space): "rename X" must not read as a no-op."""
+    if _BARE.fullmatch(part):
+        return part
+    return '"' + "".join(map(_ascii, part)) + '"'
+
+
+def _ascii(char: str) -> str:
+    """One character of a quoted TOML key, escaped unless it is printable ASCII."""
+    if char in '"\\':
+        return "\\" + char
+    if " " <= char <= "~":
+        return char
+    return f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}"
 
 
 def _bounded_copy(section: Mapping[Any, Any]) -> dict[Any, Any]:

@@ -25,6 +25,7 @@ from support.json_output import parsed
 from support.stderr import the_error
 
 from flare_l2evict import L2EvictError
+from flare_l2evict._text import shown
 from flare_l2evict.tools.cli import main
 from flare_l2evict.tools.cli._shared import error_line, fix_for
 
@@ -137,9 +138,9 @@ def test_a_missing_checkpoint_is_worded_alike_in_every_command(
             code, out, err = run(capsys, command, str(tmp_path / name))
             assert code == 2 and out == "", (command, err)
             said.add(err.removeprefix(f"error: flare-l2evict {command}: "))
-        assert said == {
-            f"{tmp_path / name}: no such checkpoint file; fix: check the path, and pass the "
-            "checkpoint's .safetensors files or its model.safetensors.index.json\n"
+        assert said == {  # the path cut as every echoed value is, past 200 characters
+            f"{shown(str(tmp_path / name))}: no such checkpoint file; fix: check the path, and "
+            "pass the checkpoint's .safetensors files or its model.safetensors.index.json\n"
         }
 
 
@@ -156,6 +157,28 @@ def test_bad_config_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 def test_unknown_plugin_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "startup", "--plugin", "nope", "--profile", "h100")
     assert code == 2 and "--plugin nope: no such flare plugin is installed" in err
+    assert "did you mean" not in err
+
+
+def test_the_startup_table_says_why_the_plugin_fell_back(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Issue 46: the table showed 0 B and no reason; only the log on stderr said why.
+    path = sparse_zeros(tmp_path / "model.safetensors", {"w": (MiB // 4,)})
+    code, out, _ = run(capsys, "startup", str(path), "--plugin", "l2evict", "--race-jobs", "1")
+    notes = " ".join(out.split("Reclaimed (report)")[1].split())
+    assert code == 1 and "note: --plugin l2evict: fell back (stock b12x kept): " in notes, out
+    assert "no storage on cpu covers the 268,435,456-byte eviction window" in notes, out
+    # Installed: no such note.
+    code, out, _ = run(capsys, "startup", "--plugin", "l2evict", "--l2-mib", "16")
+    assert code == 0 and "fell back" not in out, out
+
+
+def test_a_misspelled_plugin_gets_the_nearest(capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 46: the docs promised a "did you mean" for a misspelled name; --plugin had none.
+    code, out, err = run(capsys, "startup", "--plugin", "l2evcit")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "; fix: did you mean --plugin l2evict? (else pip install the package" in err
 
 
 def test_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -337,7 +360,7 @@ _SHAPE = re.compile(r"^error: flare-l2evict (startup|plan|check|example): (.+); 
     [
         (["plan", "{tmp}/missing.safetensors"], "no such checkpoint file", "check the path"),
         (["startup", "{tmp}/missing.safetensors"], "no such checkpoint file", "check the path"),
-        (["check", "--config", "{tmp}/bad.toml"], "bad.toml: cannot parse toml (", "correct the "
+        (["check", "--config", "{tmp}/bad.toml"], "{bad}: cannot parse toml (", "correct the "
          "config file at the line named"),
         (["check", "--config", "{tmp}/window.toml"], "plugins.l2evict.window = -5 is invalid",
          "correct the deployment config's [plugins.l2evict] at the key named"),
@@ -363,6 +386,7 @@ def test_every_error_has_one_shape(
     assert code == 2 and out == ""
     shape = _SHAPE.match(err)
     assert shape is not None, err
+    cause = cause.format(bad=shown(str(tmp_path / "bad.toml")))  # cut as every echoed value is
     assert shape.group(1) == argv[0] and cause in shape.group(2) and fix in shape.group(3)
     assert "re-download" not in err
 

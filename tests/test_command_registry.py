@@ -156,6 +156,9 @@ def test_startup_says_each_long_step_on_stderr_and_q_silences_it(
         (["plan", "x", "--profile", "h10"], "did you mean h100?"),
         (["startup", "--kv-sizing", "measure"], "did you mean measured?"),
         (["chek"], "did you mean check?"),
+        (["check", "--device", "cudaa"], "did you mean cuda?"),  # issue 46: none before
+        (["startup", "--device", "cuda1"], "did you mean cuda:1?"),
+        (["check", "--device", "gpu"], None),
         (["plan", "x", "--bogus"], None),
     ],
 )

@@ -1,12 +1,17 @@
-"""A section named near ``[plugins.l2evict]`` is never silent (issue 41).
+"""A section named near ``[plugins.l2evict]`` is never silent (issue 41); a sibling's is no typo
+(issue 46).
 
 Case -> outcome:
 
 - no ``[plugins.l2evict]``, but a section whose name is near it (another case, a letter
   missing, extra or changed, ``plugin`` for ``plugins``, ``-`` or ``_`` inside, the name at the
-  top level), holding ``enabled = false`` -> the hook keeps stock b12x, credits 0, and logs one
-  line naming the near miss and the fix;
+  top level, a look-alike or a no-break space), holding ``enabled = false`` -> the hook keeps
+  stock b12x, credits 0, and logs one line naming the near miss and the fix;
 - other sections (another plugin's, the server's own) -> no refusal: the hook credits;
+- a sibling plugin's section, a name whose numbers differ (``l2evict2``, ``l1evict``, a
+  top-level ``l3evict``) -> no refusal: the hook credits;
+- a name printed in the refusal -> every character past ASCII escaped (``\\u0456``);
+- a sibling refused as a near miss, beside an empty ``[plugins.l2evict]`` -> the hook credits;
 - a host's config whose top level or ``plugins`` never ends, and whose ``len`` lies -> read no
   further than :data:`MAX_SCANNED_KEYS` keys each;
 - :func:`locate_section` -> the section's bounded keys, and whether it was found.
@@ -37,7 +42,12 @@ NEAR_MISSES: dict[str, tuple[dict[str, Any], str]] = {
     "plugins-in-another-case": ({"Plugins": {"l2evict": OFF}}, "[Plugins.l2evict]"),
     "a-letter-missing": ({"plugins": {"l2evic": OFF}}, "[plugins.l2evic]"),
     "a-letter-extra": ({"plugins": {"l2evictt": OFF}}, "[plugins.l2evictt]"),
-    "a-letter-changed": ({"plugins": {"l3evict": OFF}}, "[plugins.l3evict]"),
+    "a-letter-changed": ({"plugins": {"l2evixt": OFF}}, "[plugins.l2evixt]"),
+    "a-digit-typed-as-a-letter": ({"plugins": {"lwevict": OFF}}, "[plugins.lwevict]"),
+    # Printed with every character past ASCII escaped: "rename X to ..." must not read as a no-op.
+    "a-cyrillic-i": ({"plugins": {"l2ev\u0456ct": OFF}}, '[plugins."l2ev\\u0456ct"]'),
+    "a-no-break-space": ({"plugins": {"l2evict\xa0": OFF}}, '[plugins."l2evict\\u00a0"]'),
+    "a-full-width-digit": ({"plugins": {"l\uff12evict": OFF}}, '[plugins."l\\uff12evict"]'),
     "two-letters-swapped": ({"plugins": {"l2evcit": OFF}}, "[plugins.l2evcit]"),
     "plugin-for-plugins": ({"plugin": {"l2evict": OFF}}, "[plugin.l2evict]"),
     "a-dash-inside": ({"plugins": {"l2-evict": OFF}}, "[plugins.l2-evict]"),
@@ -63,6 +73,8 @@ def test_a_near_miss_of_the_sections_name_keeps_stock_and_names_it(
     reason = report.reason or ""
     assert f"but {named} is near its name" in reason, reason
     assert f"fix: rename {named} to [plugins.l2evict]" in reason, reason
+    assert "if that section is another plugin's, add an empty [plugins.l2evict]" in reason
+    assert reason.isascii(), reason
     assert installed() is None and not seam_is_ours()
     (line,) = [r for r in caplog.records if r.name == "flare_l2evict"]
     assert line.levelno == logging.WARNING and named in line.getMessage()
@@ -79,11 +91,39 @@ def test_a_near_miss_of_the_sections_name_keeps_stock_and_names_it(
         {"plugins": None, "server": {"port": 8000}},
         {"l2": {}, "evict": {}, "plugins_extra": {"l2evict": {}}},
         {3: {}, b"l2evict": {}, "l2evict" * 20: {}},  # no str, or far longer than the name
+        # Siblings: a name whose numbers differ is another plugin's, not a typo of ours.
+        {"plugins": {"l2evict2": OFF}},
+        {"plugins": {"l1evict": OFF}},
+        {"l3evict": OFF},
+        {"plugins": {"L3-Evict": OFF, "l2evict10": OFF}},
     ],
-    ids=["empty", "another-plugin", "a-longer-name", "plugins-none", "far-names", "not-names"],
+    ids=[
+        "empty",
+        "another-plugin",
+        "a-longer-name",
+        "plugins-none",
+        "far-names",
+        "not-names",
+        "sibling-l2evict2",
+        "sibling-l1evict",
+        "sibling-l3evict-at-the-top-level",
+        "siblings-in-another-case",
+    ],
 )
 def test_sections_that_are_not_near_misses_are_left_alone(config: dict[Any, Any]) -> None:
+    # Before (siblings): every start-up fell back, telling the operator to rename the other
+    # plugin's section to ours.
     host = runtime(config=config)
+    assert hook(host).reclaimed_bytes == CREDIT
+    complete(host)
+
+
+def test_a_sibling_refused_as_a_near_miss_is_let_through_by_an_empty_section() -> None:
+    # The way out the refusal names, for a sibling whose name differs from ours by a letter.
+    sibling = {"l2evicts": {"enabled": True}}
+    with pytest.raises(ConfigError, match=r"add an empty \[plugins\.l2evict\]"):
+        locate_section({"plugins": sibling})
+    host = runtime(config={"plugins": {**sibling, "l2evict": {}}})
     assert hook(host).reclaimed_bytes == CREDIT
     complete(host)
 

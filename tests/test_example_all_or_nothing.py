@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from flare_l2evict._text import shown
 from flare_l2evict.tools import _all_or_nothing, _example, main
 from flare_l2evict.tools._example import EXAMPLE_FILES
 
@@ -77,7 +78,7 @@ def test_an_interruption_right_after_a_file_is_made_leaves_the_directory_as_it_w
     code, err = _run(capsys, out)
     assert code == 130
     assert err == (
-        f"error: flare-l2evict example: interrupted; nothing written to {out}; "
+        f"error: flare-l2evict example: interrupted; nothing written to {shown(str(out))}; "
         "fix: run the command again\n"
     )
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "notes.txt"]
@@ -115,7 +116,10 @@ def test_a_write_that_fails_at_the_ninth_file_writes_nothing(
     )
     code, err = _run(capsys, out)
     assert code == 2
-    assert f"--out {out}: writing {EXAMPLE_FILES[8]} failed (No space left on device); " in err
+    assert (
+        f"--out {shown(str(out))}: writing {EXAMPLE_FILES[8]} failed (No space left on device); "
+        in err
+    )
     assert "; nothing written; fix: check the directory's permissions and free space" in err
     assert _contents(out) == before and len(list(out.iterdir())) == 2
 

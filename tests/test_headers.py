@@ -22,9 +22,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.checkpoints import sparse_zeros
 from support.python_child import run_python
 
 from flare_l2evict import CheckpointError
+from flare_l2evict._text import shown
+from flare_l2evict.tools import main
 from flare_l2evict.tools._headers import (
     MAX_HEADER_BYTES,
     MAX_JSON_DEPTH,
@@ -255,7 +258,8 @@ def test_one_tensor_name_in_two_files_is_one_line(
         read_checkpoint([first, second])
     message = str(caught.value)
     assert message.startswith("tensor 'w' is in two files: ")
-    assert str(first.resolve()) in message and str(second.resolve()) in message
+    # Each path as every echoed value is: cut past 200 characters (under a long TMPDIR).
+    assert shown(str(first.resolve())) in message and shown(str(second.resolve())) in message
     assert "\n" not in message
 
 
@@ -336,3 +340,18 @@ def test_a_fifo_index_does_not_block(tmp_path: Path) -> None:
 def test_dev_zero_as_the_reference_checkpoint_gets_its_own_line() -> None:
     with pytest.raises(CheckpointError, match="not a regular file"):
         load_checkpoint("/dev/zero", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("command", ["plan", "check", "startup"])
+def test_a_checkpoint_of_no_tensors_is_told_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # Issue 46: it was told to "pass .safetensors files", which it had.
+    path = sparse_zeros(tmp_path / "model.safetensors", {})
+    assert main([command, str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"error: flare-l2evict {command}: {shown(str(path))}: its header declares no tensors, so "
+        "there are no weights to read; fix: pass the checkpoint files that hold the model's "
+        "weights (a file saved from an empty state dict holds none)\n"
+    )

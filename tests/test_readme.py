@@ -41,8 +41,11 @@ from subprocess import PIPE
 
 import pytest
 
+from flare_l2evict._credit import credit, stock_buffer_bytes
+from flare_l2evict.hookspecs import RUNTIME_ATTRIBUTES
 from flare_l2evict.tools import main
 from flare_l2evict.tools._inputs import settings_from_config
+from flare_l2evict.tools._profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -595,6 +598,15 @@ def test_flare_run_says_flare_is_unpublished_and_how_to_try_the_plugin_without_i
     assert "flare itself is not published" in note and "exit 127" in note
     assert "`flare-l2evict startup --plugin l2evict`" in note
     assert "`flare_l2evict.evicting_from`" in note and "(#without-flare)" in note
+    # Issue 46: plainly whose contract it is, and what a vLLM or SGLang user writes.
+    assert "the hook contract is this package's** (`flare_l2evict.hookspecs`)" in note
+    start = using.index("On vLLM, SGLang or another server")
+    server = " ".join(using[start : using.index("\n\n", start)].split())
+    assert "(docs/host-contract.md)" in server and "`hookspecs.FlareStartupSpec`" in server
+    order = ["before_first_capture(runtime=...)", "kv_sizing", "startup_complete(runtime=...)"]
+    assert sorted(order, key=server.index) == order, server
+    named = re.findall(r"`(\w+)(?:\(\))?`", server[server.index("hookspecs.FlareRuntime") :])
+    assert set(named) - {"kv_sizing"} <= set(RUNTIME_ATTRIBUTES) and len(named) >= 5, named
 
 
 def test_the_first_page_leaves_reference_detail_to_docs() -> None:
@@ -632,3 +644,29 @@ def test_the_measured_install_figures_stand_beside_the_install_command() -> None
     )
     for figure in ("2 min 49 s", "2.6 GB"):
         assert figure in sentences[0] and figure in row, figure
+
+
+def test_the_h200_credit_and_the_profiles_differ_by_what_the_readme_says() -> None:
+    # Issue 46: 627,017,728 (measured on the H200) beside --profile h200's 627,015,168, unsaid.
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    h200 = PROFILES["h200"]
+    formula = stock_buffer_bytes(h200.l2_cache_bytes)
+    measured = formula + 512  # the allocator's smallest block, for the sum's one float
+    said = (
+        f"(Stock's buffer measured on the GPU is {measured:,} B a job, 120 MiB and the "
+        "512-byte block of its sum's one float; `startup --profile h200` on a CPU counts the "
+        "formula's 120 MiB: {:,} B.)"
+    )
+    figures = [
+        credit(
+            installable=True,
+            race_jobs=h200.race_jobs,
+            stock_buffer_bytes=each,
+            window_bytes=formula,
+            read_bytes=formula,
+        ).nbytes
+        for each in (measured, formula)
+    ]
+    assert formula == 120 << 20 and figures == [627_017_728, 627_015_168]
+    assert f"race jobs credits {figures[0]:,} bytes to the KV cache" in text
+    assert said.format(figures[1]) in text

@@ -7,7 +7,8 @@ Case -> outcome (among the others):
 - 9 exclude globs, a 1,001-character glob -> one line naming the limit;
 - a FIFO config -> "not a regular file", never blocks; a 3 GB sparse config ->
   refused by size, never read; /dev/zero or a checkpoint as config -> its own
-  line, not "missing", never decoded.
+  line, not "missing", never decoded;
+- a directory as config -> its own line, naming the config files it holds.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from support.python_child import run_python
 
 from flare_l2evict import ConfigError, L2EvictSettings, load_deployment_config
 from flare_l2evict._settings import MAX_EXCLUDE_PATTERNS
+from flare_l2evict._text import shown
 from flare_l2evict.tools._inputs import settings_from_config as settings
 
 
@@ -157,6 +159,25 @@ def test_unreadable_configs(tmp_path: Path, name: str, text: str, match: str) ->
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such config file"):
         load_deployment_config(tmp_path / "absent.toml")
+
+
+def test_a_directory_as_config_is_told_the_config_files_it_holds(tmp_path: Path) -> None:
+    # Issue 46: it was told "pass --config FILE", whatever the directory held.
+    where = shown(str(tmp_path))  # as every path is echoed (cut past 200 characters)
+    with pytest.raises(ConfigError) as caught:
+        load_deployment_config(tmp_path)
+    assert str(caught.value) == (
+        f"{where}: is a directory, not a config file; fix: pass the path of a config file "
+        "(.toml, .yaml, .yml or .json), not of a directory"
+    )
+    for name in ("deploy.json", "deploy.toml", "model.safetensors.index.json", "notes.txt"):
+        (tmp_path / name).write_text("{}")
+    with pytest.raises(ConfigError) as caught:
+        load_deployment_config(tmp_path)
+    assert str(caught.value) == (
+        f"{where}: is a directory, not a config file; fix: pass the config file itself, as in "
+        f"--config {shown(str(tmp_path / 'deploy.toml'))} (it holds deploy.toml, deploy.json)"
+    )
 
 
 # Issue 28, "wrong words": a byte-order mark and a permission error are named as what they are.

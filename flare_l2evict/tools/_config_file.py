@@ -12,6 +12,7 @@ import json
 import os
 import stat
 import sys
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,9 @@ YAML_INSTALL = "pip install 'pyyaml>=6'"
 MAX_CONFIG_BYTES = 1 << 20
 """A deployment config over 1 MiB is a wrong file (a checkpoint, a log), not a config."""
 
-_DIRECTORY = "{}: is a directory, not a config file; fix: pass --config FILE"
+_SUFFIXES = (".toml", ".yaml", ".yml", ".json")
+_LISTED = 256
+"""Entries of a directory passed as the config read for the config files it holds."""
 
 
 def load_deployment_config(path: str | Path) -> dict[str, Any]:
@@ -141,7 +144,7 @@ def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
             f"{where}: no such config file; fix: pass an existing --config FILE"
         ) from None
     except IsADirectoryError:
-        raise ConfigError(_DIRECTORY.format(where)) from None
+        raise ConfigError(_directory(path, where)) from None
     except PermissionError:
         user = os.getuid() if hasattr(os, "getuid") else "unknown"  # no getuid on Windows
         raise ConfigError(
@@ -161,8 +164,34 @@ def _open_config(path: Path, where: str) -> tuple[int, os.stat_result]:
         raise
     if stat.S_ISDIR(info.st_mode):
         os.close(fd)
-        raise ConfigError(_DIRECTORY.format(where))
+        raise ConfigError(_directory(path, where))
     return fd, info
+
+
+def _directory(path: Path, where: str) -> str:
+    """Why a directory is refused, and the config files in it that the operator may have meant
+    (of its first :data:`_LISTED` entries: a directory of a million files costs nothing)."""
+    try:
+        with os.scandir(path) as entries:
+            # TOML first, as the docs write configs; a checkpoint's index is no config.
+            names = sorted(
+                (
+                    entry.name
+                    for entry in islice(entries, _LISTED)
+                    if Path(entry.name).suffix.lower() in _SUFFIXES
+                    and not entry.name.endswith(".safetensors.index.json")
+                ),
+                key=lambda name: (_SUFFIXES.index(Path(name).suffix.lower()), name),
+            )
+    except OSError:
+        names = []
+    if not names:
+        fix = "pass the path of a config file (.toml, .yaml, .yml or .json), not of a directory"
+    else:
+        held = ", ".join(shown(name, 60) for name in names[:3]) + (" ..." if names[3:] else "")
+        example = shown(str(path / names[0]))
+        fix = f"pass the config file itself, as in --config {example} (it holds {held})"
+    return f"{where}: is a directory, not a config file; fix: {fix}"
 
 
 def _no_alias_loader(yaml: Any, path: Path) -> type:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import shlex
-import textwrap
 from pathlib import Path
 
 from ._all_or_nothing import write_all
 from ._config_file import YAML_INSTALL
+from ._wrapping import wrap
 
 CONFIG_TOML = """\
 [plugins.l2evict]
@@ -93,7 +93,7 @@ def commands_note(out: str) -> str:
         "credit, the audit) go to the log, on stderr.",
     ]
     for why, command in TRY:
-        lines += ["", *textwrap.wrap(why, 80), "", "    flare-l2evict " + command.format(dir=where)]
+        lines += ["", *wrap(why, 80), "", "    flare-l2evict " + command.format(dir=where)]
     lines += [
         "",
         "`deploy.toml`, `deploy.yaml` and `deploy.json` hold the same settings (YAML needs",

@@ -272,8 +272,10 @@ def _nbytes(entry: _Entry) -> int:
     if bits > _USIZE_MAX:
         raise ValueError(f"shape {list(entry.shape)} overflows 64 bits")
     if bits % 8 or bits // 8 != entry.end - entry.begin:
+        # Grouped digits as the offsets beside it, never 3.35544e+07; a part byte as bits.
+        needs = f"{bits // 8:,} bytes" if bits % 8 == 0 else f"{bits:,} bits, not whole bytes"
         raise ValueError(
-            f"{entry.dtype} {list(entry.shape)} needs {bits / 8:,g} bytes, the offsets span "
+            f"{entry.dtype} {list(entry.shape)} needs {needs}, the offsets span "
             f"{entry.end - entry.begin:,}"
         )
     return bits // 8
@@ -532,7 +534,12 @@ def _read_checkpoint(paths: Sequence[Path]) -> list[TensorHeader]:
         tensors.extend(headers)
     if not tensors:
         shown_paths = shown(", ".join(map(str, paths)))
-        raise CheckpointError(f"{shown_paths}: no tensors in the checkpoint")
+        one = len(paths) == 1
+        raise CheckpointError(
+            f"{shown_paths}: {'its header declares' if one else 'their headers declare'} no "
+            "tensors, so there are no weights to read; fix: pass the checkpoint files that hold "
+            "the model's weights (a file saved from an empty state dict holds none)"
+        )
     return tensors
 
 

@@ -8,6 +8,7 @@ raises the same one-line error the later reader would.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -31,6 +32,10 @@ from ._headers import missing_checkpoint as missing_checkpoint
 from ._json_output import Output
 
 _SECTION = f"[{'.'.join(SECTION)}]"
+_PATH_CHARS = 4096
+"""Characters of the config's path echoed whole: Linux's PATH_MAX, the longest path a file
+was opened by. It is the operator's own argument, to be copied back, so it is not cut at
+:data:`flare_l2evict._text.LIMIT` as a value from elsewhere is."""
 
 
 class ConfigFound(Output):
@@ -47,10 +52,14 @@ class ConfigFound(Output):
         """``config: ...``, the line ``check``, ``plan`` and ``startup`` print."""
         if self.file is None:
             return "config: none given: defaults apply"
-        where = shown(self.file)
+        where = shown(self.file, _PATH_CHARS)
         if not self.found:
             return f"config: no {_SECTION} in {where}: defaults apply"
         return f"config: {_SECTION} found in {where}, {self.keys} key{'s' * (self.keys != 1)}"
+
+    def whole(self) -> tuple[str, ...]:
+        """What of :meth:`line` an operator copies, never to be broken: the file as shown."""
+        return () if self.file is None else (shown(self.file, _PATH_CHARS),)
 
 
 @dataclass(frozen=True)
@@ -93,10 +102,13 @@ def refuse_unknown_plugins(names: Sequence[str]) -> None:
     installed = installed_plugins()
     for name in names:
         if name not in installed:
+            fix = "pip install the package that provides it, or drop the flag"
+            nearest = difflib.get_close_matches(name, installed, n=1, cutoff=0.75)
+            if nearest:
+                fix = f"did you mean --plugin {nearest[0]}? (else {fix})"
             raise PluginNotFoundError(
                 f"--plugin {name}: no such flare plugin is installed "
-                f"(installed: {', '.join(installed) or 'none'}); "
-                "fix: pip install the package that provides it, or drop the flag"
+                f"(installed: {', '.join(installed) or 'none'}); fix: {fix}"
             )
 
 

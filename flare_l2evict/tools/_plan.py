@@ -73,6 +73,10 @@ class Decision:
         return self.chosen.regions
 
 
+RACE_JOBS_FLAG = "--race-jobs J"
+"""Where plan's and check's race jobs come from (else the profile's): what a fix of 0 names."""
+
+
 def decide(
     storages: Storages,
     *,
@@ -101,6 +105,7 @@ def decide(
         stock_buffer_bytes=stock_buffer_bytes,
         window_bytes=window_bytes,
         read_bytes=choice.read_bytes,
+        race_jobs_from=RACE_JOBS_FLAG,
     )
     return Decision(choice, granted)
 

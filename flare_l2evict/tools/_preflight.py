@@ -12,7 +12,7 @@ by the steps that ask the device.
 
 from __future__ import annotations
 
-import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -28,7 +28,8 @@ from .._text import shown
 from ._json_output import Output
 from ._origin import b12x_origin, judged
 from ._persisting_l2 import PersistingL2
-from ._plan import cut_name
+from ._plan import RACE_JOBS_FLAG, cut_name
+from ._wrapping import wrap
 
 if TYPE_CHECKING:
     import torch
@@ -114,10 +115,6 @@ class CheckStorageRead(Output):
     )
 
 
-WIDTH = 100
-"""Columns of every line ``check`` prints; a step's detail goes on indented lines under it."""
-
-
 class Lines:
     """The report's lines, printed as they come unless the report is JSON; each reason once."""
 
@@ -133,19 +130,14 @@ class Lines:
             self.reasons.add(reason)
             self.line(text, reason)
 
-    def line(self, text: str, *details: str) -> None:
-        """``text`` on its own line; each of ``details`` wrapped, indented 4, under it."""
+    def line(self, text: str, *details: str, whole: Sequence[str] = ()) -> None:
+        """``text`` on its own line; each of ``details`` wrapped, indented 4, under it
+        (:func:`wrap`'s rule, ``whole`` kept whole)."""
         if self.quiet:
             return
-        lines = textwrap.wrap(text, WIDTH, subsequent_indent="    ", break_on_hyphens=False)
+        lines = wrap(text, rest="    ", whole=whole)
         for detail in details:
-            lines += textwrap.wrap(
-                detail,
-                WIDTH,
-                initial_indent="    ",
-                subsequent_indent="      ",
-                break_on_hyphens=False,
-            )
+            lines += wrap(detail, first="    ", rest="      ", whole=whole)
         print("\n".join(lines), flush=True)
 
 
@@ -369,6 +361,7 @@ def storage_and_credit(
             stock_buffer_bytes=found.basis.stock.nbytes,
             window_bytes=window,
             read_bytes=window,
+            race_jobs_from=RACE_JOBS_FLAG,
         )
         condition = window_condition(window) if granted.nbytes else None
         return Decided(granted, condition, unchecked)

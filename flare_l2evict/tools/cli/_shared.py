@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import sys
-import textwrap
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -36,6 +35,7 @@ from .._profiles import (
     GiB,
     MiB,
 )
+from .._wrapping import WIDTH, wrap
 
 if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any tool
     import torch
@@ -104,9 +104,7 @@ class Command:
         """``--help``'s tail: one example, and what each exit code means."""
         lines = ["example:", f"  {PROG} {self.example}", "", "exit codes:"]
         for code, meaning in self.exits.lines():
-            lines += textwrap.wrap(
-                meaning, 78, initial_indent=f"  {code:<3}  ", subsequent_indent="       "
-            )
+            lines += wrap(meaning, 78, first=f"  {code:<3}  ", rest="       ")
         return "\n".join(lines)
 
 
@@ -154,6 +152,8 @@ class Parser(argparse.ArgumentParser):
             known = flags
         elif found := re.search(r"invalid choice: '(.{1,100}?)' \(choose from (.*)\)", message):
             typed, known = found.group(1), re.findall(r"'?([\w-]+)'?", found.group(2))
+        elif found := re.search(r"argument --device: '(.{1,40}?)' is not a device", message):
+            return _nearest_device(found.group(1))
         else:
             return None
         if typed is None:
@@ -163,6 +163,20 @@ class Parser(argparse.ArgumentParser):
         wanted = typed.partition("=")[0].lstrip("-")
         close = difflib.get_close_matches(wanted, list(bare), n=1, cutoff=0.75)
         return bare[close[0]] if close else None
+
+
+def _nearest_device(typed: str) -> str | None:
+    """The device nearest a misspelled ``--device`` (``cudaa`` -> ``cuda``, ``cuda1`` ->
+    ``cuda:1``): its type's nearest name, with its index where it had one."""
+    kind, colon, index = typed.partition(":")
+    if not colon and (number := re.fullmatch(r"(.*?)([0-9]+)", typed, re.ASCII)):
+        kind, index = number.groups()
+    close = difflib.get_close_matches(kind.lower(), ["cpu", "cuda"], n=1, cutoff=0.75)
+    if not close:
+        return None
+    numbered = close[0] == "cuda" and index.isascii() and index.isdigit() and len(index) <= 3
+    nearest = f"cuda:{int(index)}" if numbered else close[0]
+    return nearest if nearest != typed else None
 
 
 def parser(commands: Sequence[Command], version: str) -> Parser:
@@ -396,20 +410,12 @@ def add_config_flag(parser: Parser) -> None:
 
 # -- what a command prints ------------------------------------------------------------------
 
-WIDTH = 100
-"""Columns every line a command prints on stdout fits in; detail goes on lines under it."""
 
-
-def wrapped(text: str, indent: str = "", more: str = "  ") -> str:
-    """``text`` within :data:`WIDTH` columns, every line after the first indented ``more``."""
+def wrapped(text: str, indent: str = "", more: str = "  ", whole: Sequence[str] = ()) -> str:
+    """``text`` within :data:`WIDTH` columns, every line after the first indented ``more``;
+    broken at blanks only, and never inside any of ``whole``."""
     return "\n".join(
-        textwrap.wrap(
-            text,
-            WIDTH,
-            initial_indent=indent,
-            subsequent_indent=indent + (more if indent else ""),
-            break_on_hyphens=False,
-        )
+        wrap(text, WIDTH, first=indent, rest=indent + (more if indent else ""), whole=whole)
     )
 
 

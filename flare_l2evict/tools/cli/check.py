@@ -195,7 +195,7 @@ def run_check(
     lines = Lines(quiet=as_json)
     own = own_version()
     lines.line(f"flare-l2evict {own} check on {device} ({device_reason})")
-    lines.line(config.line())
+    lines.line(config.line(), whole=config.whole())
     steps = Clock()
     with steps.step("provider"):
         found = provider(lines)

@@ -152,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
         f"race jobs); {args.kv_bytes_per_token} bytes per KV token"
     )
     if args.config is not None:
-        print(wrapped(output.config.line()))
+        print(wrapped(output.config.line(), whole=output.config.whole()))
     if output.estimate:
         print(wrapped(output.estimate))
     print()

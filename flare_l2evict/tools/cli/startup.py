@@ -128,7 +128,10 @@ def _run(args: argparse.Namespace) -> int:
         held = "race peak" if device.type == "cuda" else "L2 eviction storage"
         header += f"\nKV cache sized by measurement after the races: memory - loaded - {held}"
     label = " ".join(f"--plugin {name}" for name in args.plugin) or "with no --plugin"
-    print(table(header, before, after, label, disabled=ours and not enabled))
+    whole = (*deployment.found.whole(), *(shown(str(path)) for path in args.checkpoint))
+    disabled = ours and not enabled
+    fell_back = code == EXIT_FALLS_BACK
+    print(table(header, before, after, label, disabled=disabled, fell_back=fell_back, whole=whole))
     return code
 
 
@@ -198,8 +201,20 @@ def _winners(arm: StartupArm) -> str:
     return ",".join(map(str, arm.race_winners)) or "-"
 
 
-def table(header: str, before: StartupArm, after: StartupArm, label: str, *, disabled: bool) -> str:
-    """The seed's table: each figure without and with plugins, then the notes under it."""
+def table(
+    header: str,
+    before: StartupArm,
+    after: StartupArm,
+    label: str,
+    *,
+    disabled: bool,
+    fell_back: bool = False,
+    whole: Sequence[str] = (),
+) -> str:
+    """The seed's table: each figure without and with plugins, then the notes under it.
+
+    The header's lines are wrapped, each of ``whole`` (a path) kept whole. ``fell_back``: the
+    plugin was asked for, enabled, and fell back; a note under the table says why."""
     measured = " (measured)" if after.eviction_measured else ""
     # enabled = false is the operator's choice, not a fallback: the words check and plan use.
     asked = after.reclaimed_bytes + after.credit_cut_bytes  # the report's own figure
@@ -234,19 +249,26 @@ def table(header: str, before: StartupArm, after: StartupArm, label: str, *, dis
             ),
         ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = [*map(wrapped, header.splitlines()), ""]
+    lines = [*(wrapped(line, whole=whole) for line in header.splitlines()), ""]
     lines += [f"{a:<{widths[0]}}   {b:>{widths[1]}}   {c:>{widths[2]}}" for a, b, c in rows]
     # The plugin's report and audit are its own log lines (stderr): printing them here
     # too would say each fact twice. The table says what only the host knows.
-    return "\n".join([*lines, *_notes(before, after, label)])
+    return "\n".join([*lines, *_notes(before, after, label, fell_back=fell_back)])
 
 
-def _notes(before: StartupArm, after: StartupArm, label: str) -> list[str]:
+def _notes(before: StartupArm, after: StartupArm, label: str, *, fell_back: bool) -> list[str]:
     notes = [
         f"note: {arm}: {result.out_of_memory}"
         for arm, result in (("without plugins", before), (label, after))
         if result.out_of_memory
     ]
+    if fell_back and not after.out_of_memory:  # out of memory: the note above says why
+        # The plugin's WARNING on stderr says it too; the table is what gets pasted.
+        reason = after.report.reason if after.report is not None else None
+        notes.append(
+            f"note: {label}: fell back (stock b12x kept): "
+            f"{shown(reason or 'no report came back; its log line on stderr says why', 600)}"
+        )
     if after.credit_cut_bytes:
         notes.append(
             f"note: {label}: the credit asked {after.credit_cut_bytes:,} bytes more than the "
