@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,9 +32,11 @@ from support.triton_stand_in import (
     vendored_testing,
     weights_eviction,
 )
+from torch.multiprocessing.reductions import StorageWeakRef
 
+import flare_l2evict
 from flare_l2evict._errors import InstallError
-from flare_l2evict._triton import seam as _seam
+from flare_l2evict._triton import flush as _flush, seam as _seam
 from flare_l2evict._triton.flush import FlushToken, scratch_bytes
 from flare_l2evict._triton.proof import (
     METHODS,
@@ -323,6 +326,35 @@ def test_a_token_across_the_undo_is_zeroed_by_stock_s_clear_and_reads_no_weights
     assert checksum(eviction) == 0
 
 
+def capturing_stand_in(device: torch.device) -> bool:
+    """The calling CUDA stream capturing a graph (CPU tensors cannot be captured)."""
+    return True
+
+
+def test_a_captured_flush_reads_and_writes_and_pins_what_it_read_while_its_token_lives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    undo: list[Callable[[], None]] = []
+    config, seam, weights, eviction = installed(undo)
+    driver = config.active
+    token = driver.get_empty_cache_for_benchmark()
+    driver.clear_cache(token)
+    assert token.pinned == ()  # not captured: nothing held beyond the call's scratch
+    monkeypatch.setattr(_flush, "_capturing", capturing_stand_in)
+    eviction._partial.zero_()
+    driver.clear_cache(token)
+    assert (seam.counts.flushes, seam.counts.captured) == (2, 1)
+    assert checksum(eviction) == L2 // 4  # stock's two steps, captured too
+    memory = StorageWeakRef(weights.untyped_storage())  # type: ignore[no-untyped-call]
+    for step in undo:
+        step()
+    eviction.release()
+    del weights  # the host frees its weights after the start-up
+    assert not memory.expired()  # type: ignore[no-untyped-call]  # a replay reads live memory
+    del token
+    assert memory.expired()  # type: ignore[no-untyped-call]
+
+
 # The undo.
 
 
@@ -459,3 +491,17 @@ def test_real_triton_do_bench_flushes_through_the_plugin_on_a_stand_in_driver() 
             step()
         config.set_active(before)
     assert stock(driver)
+
+
+def test_only_the_triton_wing_names_triton_s_driver() -> None:
+    # Issue 47: the start-up takes the wing's steps without knowing the library they came from.
+    runtime = Path(flare_l2evict.__file__).parent
+    wing, names = runtime / "_triton", (*METHODS, "runtime.driver", "driver.active", "do_bench")
+    named = [
+        f"{path.relative_to(runtime)} names {name}"
+        for path in sorted(runtime.rglob("*.py"))
+        if wing not in path.parents and "tools" not in path.relative_to(runtime).parts
+        for name in names
+        if name in path.read_text(encoding="utf-8")
+    ]
+    assert named == []

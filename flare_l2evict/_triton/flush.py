@@ -8,11 +8,14 @@ then a scratch of about one L2 zeroed, the scratch made per ``do_bench`` call as
 buffer is: nothing is held between calls but the token that call holds.
 
 CUDA graphs: :meth:`FlushToken.clear` allocates nothing and never synchronises, so it
-can be captured. While the calling stream captures, it writes the scratch alone and
-never reads the weights: a graph holds no address of theirs, so one that outlives the
-start-up cannot read weights the host has since freed (``do_bench_cudagraph_proton``
-captures its flushes; they write one L2 each). Outside a capture the eviction checks,
-before every read, that the weights are where they were (its own guarantee).
+can be captured (``do_bench_cudagraph_proton`` captures its flushes), and it keeps
+stock's two steps there too. A graph replays the read without the eviction's per-read
+check, so a token that was captured pins the storages it read (the eviction's views)
+for as long as it lives: a graph replayed after the start-up reads memory that is still
+allocated, never weights the host has since freed. Stock's captured flush asks the same
+of its host (its buffer must outlive the graph that writes it); the token is that buffer.
+Outside a capture the eviction checks, before every read, that the weights are where they
+were (its own guarantee), and once it is released the token writes its scratch alone.
 
 Passive: nothing here imports the start-up or calls back into it.
 """
@@ -58,11 +61,13 @@ class Counts:
     """``do_bench`` calls whose flush buffer the plugin made (one scratch each)."""
     flushes: int = 0
     """Flushes served: the window read, then the scratch zeroed."""
+    captured: int = 0
+    """Of ``flushes``, those captured into a CUDA graph (their token pins what they read)."""
     scratch_only: int = 0
-    """Flushes on a plugin token that wrote the scratch alone: capturing, or released."""
+    """Flushes on a plugin token that wrote the scratch alone: its eviction was released."""
     scratch_bytes: int = 0
     stock_calls: int = 0
-    """``do_bench`` calls left to the driver's own method (another device, released, capturing)."""
+    """``do_bench`` calls left to the driver's own method (another device, or released)."""
     stock_bytes: int = 0
     stock_flushes: int = 0
     """Flushes of a buffer the plugin did not make, left to the driver's own method."""
@@ -94,23 +99,29 @@ class FlushToken:
     call's scratch and the eviction it reads. ``do_bench`` only passes it back to ``clear_cache``.
     """
 
-    __slots__ = ("counts", "eviction", "scratch")
+    __slots__ = ("counts", "eviction", "pinned", "scratch")
 
     def __init__(self, eviction: WeightEviction, scratch: torch.Tensor, counts: Counts) -> None:
         self.eviction, self.scratch, self.counts = eviction, scratch, counts
+        self.pinned: tuple[torch.Tensor, ...] = ()
+        """The views read, once a flush was captured: their storages live as long as this."""
 
     def clear(self) -> None:
-        """Read the window, then zero the scratch; the scratch alone while capturing or once the
-        eviction is released. Allocates nothing, never synchronises."""
-        if self.eviction.released or _capturing(self.scratch.device):
+        """Read the window, then zero the scratch (the scratch alone once the eviction is
+        released). Allocates nothing, never synchronises; pins what it reads when captured."""
+        if self.eviction.released:
             self.scratch.zero_()
             with _counting:
                 self.counts.scratch_only += 1
             return
+        captured = _capturing(self.scratch.device)
+        if captured and not self.pinned:
+            self.pinned = self.eviction.views()  # before the read: a replay reads these
         self.eviction()
         self.scratch.zero_()  # a write, as stock's: the L2 is left dirty
         with _counting:
             self.counts.flushes += 1
+            self.counts.captured += captured
 
     def zero_(self) -> None:
         """Stock's ``clear_cache(cache)`` is ``cache.zero_()``: a token that outlives the
@@ -149,7 +160,7 @@ def flush_methods(
     make, clear = originals["get_empty_cache_for_benchmark"], originals["clear_cache"]
 
     def get_empty_cache_for_benchmark() -> object:
-        if eviction.released or device_now(home.type) != home or _capturing(home):
+        if eviction.released or device_now(home.type) != home:
             made = make()
             with _counting:
                 counts.stock_calls += 1
