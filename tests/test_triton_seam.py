@@ -11,14 +11,23 @@ Case -> outcome:
   eviction -> the driver's own methods, counted;
 - the undo -> the class's methods show through again, run once or twice, even after the
   host switched the active driver; another program's later replacement is left alone;
-- an interrupt between registering an undo and its change -> running the list is harmless.
+- a flush captured into a CUDA graph -> the read and the write, and its token pins the
+  storages read, so a replay after the start-up reads live memory;
+- an interrupt between registering an undo and its change, or at any line or C call's
+  return of the install or the undo -> running the list (again) puts stock back.
+
+Stand-ins are named so; the wing, the eviction and Triton 3.6's ``do_bench`` (vendored,
+or the real one where Triton is installed) are real.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import CodeType, FrameType
 from typing import Any
 
 import pytest
@@ -505,3 +514,96 @@ def test_only_the_triton_wing_names_triton_s_driver() -> None:
         if name in path.read_text(encoding="utf-8")
     ]
     assert named == []
+
+
+# Interrupts at every line and every C call's return of the install and the undo.
+
+
+class InterruptStandIn(KeyboardInterrupt):
+    """What a signal handler raises inside a line: Ctrl-C, as the host sees it."""
+
+
+def _nested(code: CodeType) -> set[CodeType]:
+    inner = {c for c in code.co_consts if isinstance(c, CodeType)}
+    return {code}.union(*(_nested(c) for c in inner))
+
+
+_INSTALL = frozenset(
+    {*_nested(_seam._set_on_instance.__code__), TritonSeam.install.__code__}
+    - {c for c in _nested(_seam._set_on_instance.__code__) if c.co_name == "put_back"}
+)
+_UNDO = frozenset(c for c in _nested(_seam._set_on_instance.__code__) if c.co_name == "put_back")
+
+
+@contextlib.contextmanager
+def interrupted_at(n: int, kind: str, codes: frozenset[CodeType]) -> Iterator[list[int]]:
+    """Raise :class:`InterruptStandIn` at the ``n``-th ``kind`` event (``line`` or ``c_return``)
+    in ``codes``' frames (``n`` 0: never); yields the count of such events seen."""
+    seen = [0]
+
+    def hit(frame: FrameType, event: str) -> None:
+        if event == kind and frame.f_code in codes:
+            seen[0] += 1
+            if seen[0] == n:
+                raise InterruptStandIn
+
+    def local(frame: FrameType, event: str, _arg: Any) -> Any:
+        hit(frame, event)
+        return local
+
+    def call(frame: FrameType, event: str, _arg: Any) -> Any:
+        return local if frame.f_code in codes else None
+
+    def profile(frame: FrameType, event: str, _arg: Any) -> None:
+        hit(frame, event)
+
+    if kind == "line":
+        sys.settrace(call)
+    else:
+        sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.settrace(None)
+        sys.setprofile(None)
+
+
+@pytest.mark.parametrize("kind", ["line", "c_return"])
+def test_an_interrupt_anywhere_in_the_install_leaves_an_undo_list_that_puts_stock_back(
+    kind: str,
+) -> None:
+    undo: list[Callable[[], None]] = []
+    with interrupted_at(0, kind, _INSTALL) as seen:
+        installed(undo)
+    points = seen[0]
+    assert points >= 4, points
+    for n in range(1, points + 1):
+        config, verdict = proven()
+        assert verdict.proof is not None
+        _weights, eviction = weights_eviction(window_bytes=L2)
+        undo = []
+        with contextlib.suppress(InterruptStandIn), interrupted_at(n, kind, _INSTALL):
+            TritonSeam(verdict.proof, scratch_bytes(L2)).install(eviction, undo)
+        for step in reversed(undo):
+            step()
+        assert stock(config.active), f"{kind} {n} of {points}: the seam stays the plugin's"
+
+
+@pytest.mark.parametrize("kind", ["line", "c_return"])
+def test_an_interrupt_anywhere_in_the_undo_is_made_good_by_running_it_again(kind: str) -> None:
+    undo: list[Callable[[], None]] = []
+    installed(undo)
+    with interrupted_at(0, kind, _UNDO) as seen:
+        for step in reversed(undo):
+            step()
+    points = seen[0]
+    assert points >= 2, points
+    for n in range(1, points + 1):
+        undo = []
+        config, _, _, _ = installed(undo)
+        with contextlib.suppress(InterruptStandIn), interrupted_at(n, kind, _UNDO):
+            for step in reversed(undo):
+                step()
+        for step in reversed(undo):
+            step()
+        assert stock(config.active), f"{kind} {n} of {points}: the seam stays the plugin's"
