@@ -190,6 +190,19 @@ def test_another_program_s_replacement_on_the_instance_is_left_alone_and_named()
     assert driver.clear_cache is other_program_clear_cache
 
 
+def test_a_seam_an_earlier_start_up_left_is_named_as_this_plugin_s() -> None:
+    undo: list[Callable[[], None]] = []
+    config, _, _weights, _ = installed(undo)  # never undone
+    verdict = prove(
+        config, {"do_bench": vendored_testing(config).do_bench}, CudaDriverStandIn, "3.6"
+    )
+    assert verdict.proof is None
+    assert "get_empty_cache_for_benchmark (flare_l2evict._triton.flush.flush_methods.<locals>." in (
+        verdict.reason
+    )
+    assert "left by an earlier start-up of this plugin): left alone" in verdict.reason
+
+
 def test_no_active_driver_is_a_verdict_not_a_traceback() -> None:
     def no_gpu() -> object:
         raise RuntimeError("0 active drivers ([]). There should only be one.")

@@ -166,11 +166,8 @@ def driver_problem(driver: object, cuda_driver: type) -> str | None:
     for method in METHODS:
         if method in held:
             owner = held[method]
-            whose = (
-                "an earlier start-up's of this plugin"
-                if getattr(owner, MARK, False)
-                else ("another program's")
-            )
+            marked = getattr(owner, MARK, False)
+            whose = "left by an earlier start-up of this plugin" if marked else "another program's"
             return (
                 f"the active Triton driver already carries its own {method} ({named(owner)}, "
                 f"{whose}): left alone, {STOCK}"
