@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from support import pytest_child, run_temp
 
-pytestmark = pytest.mark.slow  # each starts a fresh interpreter that imports torch (2 s)
+_DOCS = Path(__file__).resolve().parents[1] / "docs" / "installing.md"
 
 _TESTS = """
 import os
@@ -98,6 +98,7 @@ def _left(system_tmp: Path, *, within: float = 0.0) -> list[str]:
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # each starts a fresh interpreter that imports torch (2 s)
 @pytest.mark.parametrize(
     ("test", "stop", "code"),
     [
@@ -118,6 +119,7 @@ def test_a_run_leaves_nothing_in_the_system_temp_dir(
     assert "kept in" not in out + err
 
 
+@pytest.mark.slow  # each starts a fresh interpreter that imports torch (2 s)
 @pytest.mark.parametrize(
     ("test", "stop", "code"),
     [
@@ -142,7 +144,13 @@ def test_a_run_that_does_not_pass_keeps_its_directory_on_request_and_names_it(
     assert list((system_tmp / kept / "pytest").rglob("model.safetensors")), out + err
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch (2 s)
 def test_a_passed_run_removes_its_directory_even_on_request(tmp_path: Path) -> None:
     returncode, out, err, system_tmp = _run(tmp_path, "test_passes", keep=True)
     assert returncode == 0, out + err
     assert _left(system_tmp) == [], out + err
+
+
+def test_the_line_naming_a_kept_directory_is_the_one_the_docs_show() -> None:
+    shown = " ".join(_DOCS.read_text(encoding="utf-8").split())
+    assert f"`{run_temp.kept_line('DIR')}`" in shown

@@ -118,7 +118,7 @@ def remove(path: str) -> None:
 
 def kept_line(path: str) -> str:
     """The run's last line when it keeps its directory."""
-    return f"the run's temporary files are kept in {path} (asked by {KEEP}); remove it when done"
+    return f"the run's temporary files are kept in {path} (asked by {KEEP}=1)"
 
 
 def _watch(keep: bool, path: str, also: list[str]) -> None:
