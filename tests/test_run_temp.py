@@ -9,9 +9,14 @@ system temp dir of its own to look into afterwards.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,6 +50,16 @@ def test_fails(tmp_path):
     raise AssertionError("fails on purpose")
 
 
+def test_forks_a_process_that_outlives_it(tmp_path):
+    _write(tmp_path)
+    if os.fork() == 0:  # holds what the run's process held, its ends of pipes included
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        time.sleep(120)
+        os._exit(0)
+
+
 def test_waits_to_be_stopped(tmp_path, interruptible):
     _write(tmp_path)
     held = Path(tempfile.gettempdir(), "held-open-by-a-child")
@@ -59,43 +74,76 @@ def test_waits_to_be_stopped(tmp_path, interruptible):
 """
 
 
+@dataclasses.dataclass
+class _Ended:
+    """A child run that has ended, and where to look."""
+
+    code: int
+    system_tmp: Path
+    stdout: Path
+    stderr: Path
+
+    def said(self) -> str:
+        """Its stdout and stderr, for a failing assertion's message."""
+        return self.stdout.read_text() + self.stderr.read_text()
+
+
 def _run(
     tmp_path: Path, test: str, *, stop: signal.Signals | None = None, keep: bool = False
-) -> tuple[int, str, str, Path]:
+) -> _Ended:
     """Run one of the child's tests; with ``stop``, send that signal to the child's process
-    group (as a terminal's Ctrl-C does) once the test is running. Return the child's exit
-    code, its stdout, and its system temp dir."""
+    group (as a terminal's Ctrl-C does) once the test is running.
+
+    Its output goes to files, not pipes: a process that outlives the run may hold them open.
+    """
     system_tmp = tmp_path / "system-tmp"
     system_tmp.mkdir()
     ready = tmp_path / "ready"
-    child = pytest_child.start(
-        tmp_path, _TESTS, test, system_tmp, keep=keep, env={"CHILD_READY": str(ready)}
-    )
+    ended = _Ended(0, system_tmp, tmp_path / "stdout", tmp_path / "stderr")
+    with ended.stdout.open("w") as stdout, ended.stderr.open("w") as stderr:
+        child = pytest_child.start(
+            tmp_path,
+            _TESTS,
+            test,
+            system_tmp,
+            stdout,
+            stderr,
+            keep=keep,
+            env={"CHILD_READY": str(ready)},
+        )
     try:
         if stop is not None:
             deadline = time.monotonic() + 120
             while not ready.exists():
-                assert child.poll() is None, child.communicate()
+                assert child.poll() is None, ended.said()
                 assert time.monotonic() < deadline, "the child's test never started"
                 time.sleep(0.05)
             os.killpg(child.pid, stop)
-        out, err = child.communicate(timeout=120)
+        ended.code = child.wait(timeout=120)
     finally:
-        if child.poll() is None:
+        with contextlib.suppress(ProcessLookupError):  # the group, whatever outlived the run
             os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-    return child.returncode, out, err, system_tmp
+        child.wait()
+    return ended
 
 
-def _left(system_tmp: Path, *, within: float = 0.0) -> list[str]:
-    """What is left in the child's system temp dir, waiting up to ``within`` seconds for it to
-    go (the watcher cleans after a killed run on its own time)."""
+def _soon(check: Callable[[], bool], within: float = 30) -> bool:
+    """Whether ``check`` holds within ``within`` seconds: the watcher cleans after a killed
+    run on its own time."""
     deadline = time.monotonic() + within
-    while True:
-        left = sorted(entry.name for entry in system_tmp.iterdir())
-        if not left or time.monotonic() >= deadline:
-            return left
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
+    return True
+
+
+def _left(system_tmp: Path) -> list[str]:
+    return sorted(entry.name for entry in system_tmp.iterdir())
+
+
+def _last_line(path: Path) -> str:
+    return path.read_text().rstrip("\n").rsplit("\n", 1)[-1]
 
 
 @pytest.mark.slow  # each starts a fresh interpreter that imports torch (2 s)
@@ -104,19 +152,20 @@ def _left(system_tmp: Path, *, within: float = 0.0) -> list[str]:
     [
         ("test_passes", None, 0),
         ("test_fails", None, 1),
+        ("test_forks_a_process_that_outlives_it", None, 0),
         ("test_waits_to_be_stopped", signal.SIGINT, 2),
         ("test_waits_to_be_stopped", signal.SIGTERM, -signal.SIGTERM),
         ("test_waits_to_be_stopped", signal.SIGKILL, -signal.SIGKILL),
     ],
-    ids=["passed", "failed", "ctrl-c", "sigterm", "sigkill"],
+    ids=["passed", "failed", "forked-child-outlives-it", "ctrl-c", "sigterm", "sigkill"],
 )
 def test_a_run_leaves_nothing_in_the_system_temp_dir(
     tmp_path: Path, test: str, stop: signal.Signals | None, code: int
 ) -> None:
-    returncode, out, err, system_tmp = _run(tmp_path, test, stop=stop)
-    assert returncode == code, out + err
-    assert _left(system_tmp, within=30) == [], out + err
-    assert "kept in" not in out + err
+    ended = _run(tmp_path, test, stop=stop)
+    assert ended.code == code, ended.said()
+    assert _soon(lambda: _left(ended.system_tmp) == []), (_left(ended.system_tmp), ended.said())
+    assert "kept in" not in ended.said()
 
 
 @pytest.mark.slow  # each starts a fresh interpreter that imports torch (2 s)
@@ -132,25 +181,60 @@ def test_a_run_leaves_nothing_in_the_system_temp_dir(
 def test_a_run_that_does_not_pass_keeps_its_directory_on_request_and_names_it(
     tmp_path: Path, test: str, stop: signal.Signals | None, code: int
 ) -> None:
-    returncode, out, err, system_tmp = _run(tmp_path, test, stop=stop, keep=True)
-    assert returncode == code, out + err
-    (kept,) = _left(system_tmp)
+    ended = _run(tmp_path, test, stop=stop, keep=True)
+    assert ended.code == code, ended.said()
+    # The run's last line; a killed run's comes from the watcher, on the run's stderr.
+    said = ended.stderr if stop == signal.SIGKILL else ended.stdout
+    assert _soon(lambda: "kept in" in _last_line(said)), ended.said()
+    (kept,) = _left(ended.system_tmp)
     assert kept.startswith("flare-l2evict-tests-"), kept
-    line = run_temp.kept_line(str(system_tmp / kept))
-    # The run's last line; a killed run's is the watcher's, on the run's stderr.
-    said = err if stop == signal.SIGKILL else out
-    assert said.rstrip("\n").rsplit("\n", 1)[-1] == line, out + err
-    assert (system_tmp / kept / "from-the-code-under-test").read_text() == "written"
-    assert list((system_tmp / kept / "pytest").rglob("model.safetensors")), out + err
+    assert _last_line(said) == run_temp.kept_line(str(ended.system_tmp / kept)), ended.said()
+    assert (ended.system_tmp / kept / "from-the-code-under-test").read_text() == "written"
+    assert list((ended.system_tmp / kept / "pytest").rglob("model.safetensors")), ended.said()
 
 
 @pytest.mark.slow  # a fresh interpreter that imports torch (2 s)
 def test_a_passed_run_removes_its_directory_even_on_request(tmp_path: Path) -> None:
-    returncode, out, err, system_tmp = _run(tmp_path, "test_passes", keep=True)
-    assert returncode == 0, out + err
-    assert _left(system_tmp) == [], out + err
+    ended = _run(tmp_path, "test_passes", keep=True)
+    assert ended.code == 0, ended.said()
+    assert _left(ended.system_tmp) == [], ended.said()
 
 
 def test_the_line_naming_a_kept_directory_is_the_one_the_docs_show() -> None:
     shown = " ".join(_DOCS.read_text(encoding="utf-8").split())
     assert f"`{run_temp.kept_line('DIR')}`" in shown
+
+
+_FORK_SERVER = """
+import multiprocessing
+import sys
+
+sys.path.insert(0, sys.argv[1])
+from support import run_temp
+
+if __name__ == "__main__":
+    print(run_temp.multiprocessing_temp_dir())
+    rank = multiprocessing.get_context("forkserver").Process(target=print, args=("rank",))
+    rank.start()
+    rank.join()
+    sys.exit(rank.exitcode)
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter and its fork server (0.5 s)
+def test_the_fork_servers_socket_fits_under_a_long_tmpdir(tmp_path: Path) -> None:
+    # Without the short directory: "OSError: AF_UNIX path too long" in every gloo test.
+    long = tmp_path / ("d" * 100) / ("d" * 100)
+    long.mkdir(parents=True)
+    ran = subprocess.run(
+        [sys.executable, "-c", _FORK_SERVER, str(Path(__file__).parent)],
+        env={**os.environ, "TMPDIR": str(long)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    made, said = ran.stdout.splitlines()
+    assert said == "rank" and not made.startswith(str(long)), made
+    assert list(long.iterdir()) == []

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 from support import run_temp
 
@@ -22,12 +23,15 @@ def start(
     tests: str,
     test: str,
     system_tmp: Path,
+    stdout: IO[str],
+    stderr: IO[str],
     *,
     keep: bool = False,
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     """Run pytest on ``test`` of ``tests`` (a test module's text, written under ``where``),
-    with ``system_tmp`` as its system temp dir and ``env`` added to its environment. The
+    with ``system_tmp`` as its system temp dir, its output in ``stdout`` and ``stderr``, and
+    ``env`` added to its environment. The
     checkout's conftest.py is loaded as a plugin (``-p conftest``), so the run is set up as the
     suite's own is; ``keep`` asks it to keep its directory if it does not pass."""
     (where / "pytest.ini").write_text("[pytest]\n")  # the child's rootdir: not the checkout's
@@ -59,8 +63,8 @@ def start(
         ],
         cwd=where,
         env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=stdout,
+        stderr=stderr,
         text=True,
         start_new_session=True,
     )

@@ -123,7 +123,8 @@ def kept_line(path: str) -> str:
 
 def _watch(keep: bool, path: str, also: list[str]) -> None:
     """The watcher: wait for the run to end; if it ended without a word, clean after it."""
-    if sys.stdin.buffer.read():
+    # A line, not the whole stream: a process forked from the run may still hold the pipe.
+    if sys.stdin.buffer.readline():
         return  # the run finished and dealt with its directory itself
     for other in also:
         remove(other)
