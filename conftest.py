@@ -7,21 +7,31 @@ start-up is ``tests/support/startups.py``.
 
 from __future__ import annotations
 
+import atexit
 import gc
-import multiprocessing.util
 import os
-import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 import flare_l2evict
 
+if TYPE_CHECKING:
+    from support.run_temp import RunTemp
+
 _SESSION_TMP = "FLARE_L2EVICT_TEST_TMP"
+
+# pytest puts tests/ on sys.path as it imports the first test module; the run's set-up below
+# needs support/ before that.
+_TESTS = str(Path(__file__).resolve().parent / "tests")
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
 
 
 def _quick_cpu() -> None:
@@ -47,25 +57,29 @@ def _quick_cpu() -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """One temporary directory owns everything the run writes: pytest's ``tmp_path`` roots and
-    whatever the code under test, or a process it starts, puts in the system temp dir.
+    """One temporary directory owns everything the run writes (``support.run_temp``): pytest's
+    ``tmp_path`` roots and whatever the code under test, or a process it starts, puts in the
+    system temp dir.
 
-    Removed when the run passes, kept (and named) when it fails. So a run leaves nothing in
-    the system temp dir: the 4.5 GB of sparse checkpoints pytest kept per run went with it.
+    It is removed when the run ends, passed, failed or interrupted, and a watcher process
+    removes it if the run is killed: so a run leaves nothing in the system temp dir, sparse
+    checkpoints (terabytes apparent) included. ``FLARE_L2EVICT_KEEP_TMP=1`` keeps it when the
+    run does not pass, and the run's last line names it.
     First, :func:`_quick_cpu`, for this process and the ones the tests start.
     """
     _quick_cpu()
     if os.environ.get(_SESSION_TMP):  # a pytest started by a test: its parent's root holds it
         return
-    # multiprocessing's own temp dir (the gloo ranks' fork server's socket) is made first, in
-    # the system's: multiprocessing removes it at exit, after this run's root is gone.
-    multiprocessing.util.get_temp_dir()
-    root = tempfile.mkdtemp(prefix="flare-l2evict-tests-")
-    config.stash[_ROOT] = (root, os.environ.get("TMPDIR"))
-    os.environ[_SESSION_TMP] = os.environ["TMPDIR"] = root
+    from support import run_temp
+
+    made = run_temp.RunTemp(also=(run_temp.multiprocessing_temp_dir(),))
+    config.stash[_ROOT] = (made, os.environ.get("TMPDIR"))
+    os.environ[_SESSION_TMP] = os.environ["TMPDIR"] = made.path
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
-    if config.option.basetemp is None:
-        config.option.basetemp = os.path.join(root, "pytest")
+    if config.option.basetemp is None:  # a --basetemp given is the operator's to keep
+        config.option.basetemp = os.path.join(made.path, "pytest")
+    # The last resort in this process: an exception out of another plugin's unconfigure.
+    atexit.register(_end_the_run_temp, config)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -79,23 +93,45 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    found = session.config.stash.get(_ROOT, None)
+    session.config.stash[_PASSED] = exitstatus in (
+        pytest.ExitCode.OK,
+        pytest.ExitCode.NO_TESTS_COLLECTED,
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After the terminal's summary, so that the line naming a kept directory is the last."""
+    _end_the_run_temp(config)
+
+
+def _end_the_run_temp(config: pytest.Config) -> None:
+    found = config.stash.get(_ROOT, None)
     if found is None:
         return
-    root, tmpdir = found
-    del os.environ[_SESSION_TMP]
+    del config.stash[_ROOT]
+    made, tmpdir = found
+    os.environ.pop(_SESSION_TMP, None)
     if tmpdir is None:
         os.environ.pop("TMPDIR", None)
     else:
         os.environ["TMPDIR"] = tmpdir
     tempfile.tempdir = None
-    if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
-        shutil.rmtree(root, ignore_errors=True)
-    else:
-        print(f"\nthe run's temporary files are kept in {root}")
+    # A run that never finished its session (a usage error after this set-up) wrote nothing.
+    kept = made.close(passed=config.stash.get(_PASSED, True))
+    if kept is not None:
+        from support import run_temp
+
+        line = run_temp.kept_line(kept)
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is None:
+            print(line, file=sys.stderr)
+        else:
+            reporter.write_line(line)
 
 
-_ROOT = pytest.StashKey[tuple[str, str | None]]()
+_ROOT = pytest.StashKey[tuple["RunTemp", str | None]]()
+_PASSED = pytest.StashKey[bool]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
