@@ -51,7 +51,9 @@ def test_a_long_config_path_is_whole_on_one_line_in_a_narrow_terminal(
     # Before: check (and plan, past 100 columns) cut the path inside a name.
     monkeypatch.setenv("COLUMNS", "60")
     # Past 200 characters too: the line once cut a value there (_text.LIMIT).
-    folder = tmp_path / ("d" * max(1, 240 - len(str(tmp_path)) - len("/deploy.toml") - 1))
+    # The folder's own name is long and distinctive whatever TMPDIR is: a piece of it on a
+    # line other than the path's is a cut path.
+    folder = tmp_path / ("cut-" + "d" * max(40, 240 - len(str(tmp_path)) - len("/deploy.toml") - 5))
     folder.mkdir()
     config = folder / "deploy.toml"
     config.write_text("[plugins.l2evict]\nwindow = 'stock'\n")
