@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from support.scripts import script
 
+from flare_l2evict.tools._signals import settled
 from flare_l2evict.tools.cli import COMMANDS, Command, example, main, plan
-from flare_l2evict.tools.cli._shared import Exits, Parser, parser, settled
+from flare_l2evict.tools.cli._shared import Exits, Listed, Parser, parser
 
 
-def _stand_in_arguments(parser: Parser, _commands: Sequence[Command]) -> None:
+def _stand_in_arguments(parser: Parser, _commands: Sequence[Listed]) -> None:
     parser.add_argument("--times", type=int, default=1)
 
 
@@ -45,7 +46,7 @@ STAND_IN = Command(
 def test_a_command_added_to_the_registry_is_in_help_examples_dispatch_and_the_reference(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    commands = (*COMMANDS, STAND_IN)
+    commands: tuple[Listed, ...] = (*COMMANDS, STAND_IN)
     with pytest.raises(SystemExit):
         main(["--help"], commands)
     assert "greet" in capsys.readouterr().out
@@ -93,7 +94,7 @@ def _interrupted(_args: argparse.Namespace) -> int:
 def test_only_a_command_that_wrote_temporary_files_says_it_removed_them(
     capsys: pytest.CaptureFixture[str], argv: list[str], said: str
 ) -> None:
-    commands = [dataclasses.replace(c, run=_interrupted) for c in COMMANDS]
+    commands = [dataclasses.replace(c.load(), run=_interrupted) for c in COMMANDS]
     assert main(argv, commands) == 130
     assert capsys.readouterr().err.startswith(said)
 

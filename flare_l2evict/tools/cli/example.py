@@ -8,11 +8,21 @@ from pathlib import Path
 
 from ..._errors import L2EvictError
 from ..._text import shown
+from .. import _signals
 from .._profiles import DEFAULT_PROFILE, PROFILES
-from ._shared import EXIT_INTERRUPTED, USAGE_ERROR, Command, Exits, Parser, error_line, wrapped
+from ._shared import (
+    EXIT_INTERRUPTED,
+    USAGE_ERROR,
+    Command,
+    Exits,
+    Listed,
+    Parser,
+    error_line,
+    wrapped,
+)
 
 
-def _arguments(parser: Parser, _commands: Sequence[Command]) -> None:
+def _arguments(parser: Parser, _commands: Sequence[Listed]) -> None:
     parser.add_argument(
         "--out",
         type=Path,
@@ -26,7 +36,9 @@ def _run(args: argparse.Namespace) -> int:
     import sys
 
     from ..._credit import stock_window_bytes
-    from .._example import write_example
+
+    with _signals.held():  # it imports torch: a Ctrl-C inside torch's import was swallowed
+        from .._example import write_example
 
     if args.out.exists() and not args.out.is_dir():
         raise L2EvictError(
