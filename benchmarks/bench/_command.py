@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from flare_l2evict._errors import L2EvictError
-from flare_l2evict.tools._signals import held
 from flare_l2evict.tools.cli._runner import Job, run
 from flare_l2evict.tools.cli._shared import (
     Parser,
@@ -85,8 +84,7 @@ def _bench(args: argparse.Namespace) -> int:
     # A machine with no GPU driver is told in milliseconds; torch's import takes seconds.
     usable = args.device.startswith("cuda") and missing_driver() is None
     if usable:
-        with held():  # a Ctrl-C inside torch's import was swallowed, or an abort
-            import torch
+        import torch
 
         usable = torch.cuda.is_available()
     if not usable:

@@ -8,8 +8,10 @@ is settled, not at all: it ends with its own output and code. The rules, each in
   stays ignored, and a C host's own handler (``getsignal`` says ``None``) is left alone.
 - SIGTERM unwinds as Ctrl-C does (:func:`interrupt`), so temporary files go on the way out.
 - :func:`held` blocks both in the signal mask and delivers them as it ends: what runs under
-  it is never cut, whatever it is made of. Torch's import runs under it: a Ctrl-C inside
-  torch's import was swallowed, or turned into an ``ImportError`` or an abort.
+  it is never cut, whatever it is made of. Every import a command makes runs under it
+  (:func:`of_a_command`): a Ctrl-C inside torch's import was swallowed, or turned into an
+  ``ImportError`` or an abort, and one inside a module that builds a class with ``exec``
+  (dataclasses, pydantic) made CPython 3.11 end the process by SIGINT, whatever its code.
 - Handlers are put back under :func:`held`, all at once: nothing lands between two of them.
 - :func:`settled`: the result is final; both are ignored until the command returns, so an
   output that is complete ends with the exit code it states. A command that runs as the
@@ -20,6 +22,7 @@ Signals reach the main thread only; off it, nothing here changes anything.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import signal
 import threading
@@ -68,6 +71,32 @@ def held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+@contextlib.contextmanager
+def _imports_held() -> Iterator[None]:
+    """Every ``import`` statement of the main thread runs :func:`held` (the outermost one of
+    a nest: its inner ones run as they are), and what it brings is delivered after it."""
+    original = builtins.__import__
+    depth = 0
+
+    def held_import(*args: Any, **kwargs: Any) -> Any:
+        nonlocal depth
+        if depth or not _main_thread():
+            return original(*args, **kwargs)
+        depth += 1
+        try:
+            with held():
+                return original(*args, **kwargs)
+        finally:
+            depth -= 1
+
+    builtins.__import__ = held_import
+    try:
+        yield
+    finally:
+        if builtins.__import__ is held_import:  # not if another hand has replaced it since
+            builtins.__import__ = original
+
+
 def put_back(handlers: dict[int, Handler]) -> None:
     """Each of ``handlers`` set again, all under :func:`held`: a signal that arrives meanwhile
     reaches the handler put back, never one of the two half-restored states."""
@@ -107,9 +136,11 @@ _running: list[Command] = []
 
 @contextlib.contextmanager
 def of_a_command(*, process: bool) -> Iterator[Command]:
-    """For one command's run: SIGTERM unwinds as Ctrl-C does, and :meth:`Command.settle` (or
-    :func:`settled`) ignores both. After it, the handlers as they were; or, for a command that
-    ran as the process and settled, still ignored to the process's exit.
+    """For one command's run: SIGTERM unwinds as Ctrl-C does, every import is held, and
+    :meth:`Command.settle` (or :func:`settled`) ignores both. After it, the handlers as they
+    were; or, for a command that ran as the process and settled, still ignored to the
+    process's exit. (A process an import starts inherits the held mask: none of the
+    command's does.)
 
     A signal that arrives as they are put back is delivered after, to the caller's handler:
     Python's own raises :class:`KeyboardInterrupt` from this ``with``.
@@ -119,7 +150,8 @@ def of_a_command(*, process: bool) -> Iterator[Command]:
         _running.append(command)
         if signal.SIGTERM in command.handlers:
             signal.signal(signal.SIGTERM, interrupt)
-        yield command
+        with _imports_held():
+            yield command
     finally:
         with held():
             with contextlib.suppress(ValueError):  # not there if a signal beat the append

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, Protocol
 
 from ..._errors import CheckpointError, ConfigError, L2EvictError
 from ..._text import _cut, shown
-from .. import _signals
 from .._profiles import (
     DEFAULT_KV_BYTES_PER_TOKEN,
     DEFAULT_PROFILE,
@@ -309,8 +308,7 @@ def usable_device(text: str) -> torch.device:
     A command refuses ``cuda:N`` on a machine with no GPU driver before it imports torch
     (:func:`refuse_cuda_without_driver`), among its other input checks.
     """
-    with _signals.held():  # a Ctrl-C inside torch's import was swallowed, or an abort
-        import torch
+    import torch
 
     try:
         device = torch.device(text)

@@ -97,8 +97,7 @@ def _run(args: argparse.Namespace) -> int:
         refuse_cuda_without_driver(args.device)
         device, reason = args.device, "--device"
     else:
-        with _signals.held():  # a Ctrl-C inside torch's import was swallowed, or an abort
-            import torch
+        import torch
 
         # On a GPU server the question is the GPU; a CPU profile there would mislead.
         if torch.cuda.is_available():
@@ -164,6 +163,8 @@ def run_check(
         memory = memory_bytes(device, profile)
         decided = storage_and_credit(lines, headers, settings, measured, blocked, memory)
     granted = decided.credit
+    if not races:  # the verdict states the result: from its line on, the run ends with its code
+        _signals.settled()
     if not settings.enabled:
         # The operator's choice, not a fault: stock b12x, and nothing to act on.
         verdict: Literal["installs", "installs if", "falls back", "disabled"] = "disabled"
@@ -218,7 +219,7 @@ def run_check(
         races=agreed,
         exit_code=code,
     )
-    _signals.settled()
+    _signals.settled()  # with --races, the races' line was the last to decide it
     if as_json:
         print(printed(output))
     return output.exit_code

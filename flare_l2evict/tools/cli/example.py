@@ -8,7 +8,6 @@ from pathlib import Path
 
 from ..._errors import L2EvictError
 from ..._text import shown
-from .. import _signals
 from .._profiles import DEFAULT_PROFILE, PROFILES
 from ._shared import (
     EXIT_INTERRUPTED,
@@ -36,9 +35,7 @@ def _run(args: argparse.Namespace) -> int:
     import sys
 
     from ..._credit import stock_window_bytes
-
-    with _signals.held():  # it imports torch: a Ctrl-C inside torch's import was swallowed
-        from .._example import write_example
+    from .._example import write_example
 
     if args.out.exists() and not args.out.is_dir():
         raise L2EvictError(
