@@ -14,9 +14,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from typing import Final
 
 from ..._errors import L2EvictError
 from .. import _signals
+
+EXIT_USAGE: Final = 2
+EXIT_INTERRUPTED: Final = 130
+EXIT_PIPE_CLOSED: Final = 141  # 128 + SIGPIPE, as a shell reports a command whose reader left
 
 
 class Job:
@@ -48,23 +53,24 @@ def run(prog: str, prepare: Callable[[], Job], *, process: bool) -> int:
                 with _signals.held():
                     try:
                         job = prepare()
-                    except SystemExit as exit:  # printed whole, under the hold: it stands
+                    except SystemExit as ended:  # printed whole, under the hold: it stands
                         command.settle()
-                        exiting = exit
+                        exiting = ended
                         raise
                 said, temporary = job.said, job.temporary
                 decided = job.run()
             except KeyboardInterrupt:
                 removed = "; temporary files removed" if temporary else ""
-                decided = _say(command, said, f"interrupted{removed}", "run the command again")
+                cause = f"interrupted{removed}"
+                decided = _say(command, said, cause, "run the command again", EXIT_INTERRUPTED)
             except L2EvictError as error:
                 from ._shared import fix_for
 
-                decided = _say(command, said, str(error), fix_for(error), code=2)
+                decided = _say(command, said, str(error), fix_for(error), EXIT_USAGE)
             except BrokenPipeError:  # `| head` stopped reading: nothing to say, nowhere to say it
                 command.settle()
                 _stdout_to_devnull()
-                decided = 141
+                decided = EXIT_PIPE_CLOSED
             except OSError as error:
                 where = error.filename or "no file"
                 decided = _say(
@@ -72,19 +78,19 @@ def run(prog: str, prepare: Callable[[], Job], *, process: bool) -> int:
                     said,
                     f"{error.strerror or error} ({_shown(str(where))})",
                     "check the path and its permissions",
-                    code=2,
+                    EXIT_USAGE,
                 )
     except KeyboardInterrupt:  # as the handlers were put back (a caller's own): the end stands
         if exiting is not None:
             raise exiting from None
         if decided is None:  # before the command had begun
-            decided = _say(None, said, "interrupted", "run the command again")
+            decided = _say(None, said, "interrupted", "run the command again", EXIT_INTERRUPTED)
     assert decided is not None  # every way out of the ``with`` above decides or raises
     return decided
 
 
 def _say(
-    command: _signals.Command | None, said: str, cause: str, fix: str | None, code: int = 130
+    command: _signals.Command | None, said: str, cause: str, fix: str | None, code: int
 ) -> int:
     """The decided end's one line on stderr, said with Ctrl-C and SIGTERM ignored."""
     if command is not None:

@@ -32,6 +32,7 @@ from .._profiles import (
     GiB,
     MiB,
 )
+from ._runner import EXIT_INTERRUPTED, EXIT_USAGE
 
 if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any tool
     import torch
@@ -47,9 +48,6 @@ log = logging.getLogger(f"{LOGGER}.tools.cli")
 # One meaning per exit code, for every command (each command's ``--help`` says its own).
 EXIT_INSTALLS: Final = 0
 EXIT_FALLS_BACK: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_INTERRUPTED: Final = 130
-EXIT_PIPE_CLOSED: Final = 141  # 128 + SIGPIPE, as a shell reports a command whose reader left
 USAGE_ERROR = "a usage or input error (one line on stderr: the cause and the fix)"
 INTERRUPTED = "interrupted (Ctrl-C or SIGTERM): one line on stderr"
 

@@ -10,8 +10,8 @@ from ..._errors import L2EvictError
 from ..._text import shown
 from .. import _signals
 from .._profiles import DEFAULT_PROFILE, PROFILES
+from ._runner import EXIT_INTERRUPTED
 from ._shared import (
-    EXIT_INTERRUPTED,
     USAGE_ERROR,
     Command,
     Exits,
