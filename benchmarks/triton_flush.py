@@ -39,7 +39,8 @@ from flare_l2evict._triton.flush import scratch_bytes
 from flare_l2evict._triton.proof import METHODS, prove_triton
 from flare_l2evict._triton.seam import TritonSeam
 from flare_l2evict.tools._choose_weights import choose_weights
-from flare_l2evict.tools.cli._shared import EXIT_USAGE, Parser, error_line, whole_number_in
+from flare_l2evict.tools.cli._runner import EXIT_USAGE
+from flare_l2evict.tools.cli._shared import Parser, error_line, whole_number_in
 
 PROG = "python benchmarks/triton_flush.py"
 STOCK_BYTES = 256 * 1024 * 1024

@@ -2,7 +2,7 @@
 
 The public names are those of ``_EXPORTS`` (everything ``_*`` is private and
 may change in any release). They are imported on first use, so ``import
-flare_l2evict`` (and the CLI's ``--help``) does not pay for torch; the
+flare_l2evict`` (and the CLI's ``--help``) pays for neither torch nor pluggy; the
 ``TYPE_CHECKING`` block mirrors ``_EXPORTS`` (``name as name``: an explicit
 re-export, which strict checkers need), and a test holds the two equal.
 """
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
-
-from . import hookspecs as hookspecs  # cheap (pluggy only): its dotted paths work as written
 
 __version__ = "0.4.0"
 
@@ -43,6 +41,8 @@ __all__ = [*_EXPORTS, "__version__", "hookspecs"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "hookspecs":  # the module itself, on first use (pluggy's import is not free)
+        return importlib.import_module(".hookspecs", __name__)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'flare_l2evict' has no attribute {name!r}")
@@ -84,3 +84,6 @@ if TYPE_CHECKING:
         KVAllocator as KVAllocator,
     )
     from .tools._config_file import load_deployment_config as load_deployment_config
+
+if TYPE_CHECKING:  # the module itself, loaded on first use by __getattr__ above
+    from . import hookspecs as hookspecs

@@ -1,12 +1,12 @@
 """Rewrite the generated sections of docs/command-line.md from the registry of commands.
 
-Every command is one module of ``flare_l2evict/tools/cli/`` listed once in
-``flare_l2evict.tools.cli.COMMANDS``. Two sections of the page come from it: the command
-reference (each command's usage, flags, example and exit codes, read off its parser and its
-declaration) and the JSON field tables (each command's ``output`` model, through
-:func:`flare_l2evict.tools._json_output.json_schema`). ``tests/test_command_registry.py``
-holds the page equal to them: after changing a command or a model, run this and commit the
-page.
+Every command is one module of ``flare_l2evict/tools/cli/`` named once in
+``flare_l2evict.tools.cli.COMMANDS``, which loads each here. Two sections of the page come
+from it: the command reference (each command's usage, flags, example and exit codes, read
+off its parser and its declaration) and the JSON field tables (each command's ``output``
+model, through :func:`flare_l2evict.tools._json_output.json_schema`).
+``tests/test_command_registry.py`` holds the page equal to them: after changing a command
+or a model, run this and commit the page.
 
     python scripts/command_line_docs.py
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from flare_l2evict.tools._json_output import json_schema
-from flare_l2evict.tools.cli import COMMANDS, Command
-from flare_l2evict.tools.cli._shared import PROG, parser
+from flare_l2evict.tools.cli import COMMANDS
+from flare_l2evict.tools.cli._shared import PROG, Listed, parser
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "command-line.md"
 REGENERATE = "python scripts/command_line_docs.py"
@@ -36,9 +36,9 @@ def main() -> None:
     print(f"{PAGE.name}: {'rewritten' if updated != text else 'already up to date'}")
 
 
-def regenerated(page: str, commands: Sequence[Command] = COMMANDS) -> str:
+def regenerated(page: str, commands: Sequence[Listed] = COMMANDS) -> str:
     """``page`` with each generated section (between its two markers) written anew."""
-    sections: dict[str, tuple[str, Callable[[Sequence[Command]], str]]] = {
+    sections: dict[str, tuple[str, Callable[[Sequence[Listed]], str]]] = {
         "command reference": ("edit the commands", reference),
         "json fields": ("edit the models instead", field_tables),
     }
@@ -53,11 +53,11 @@ def regenerated(page: str, commands: Sequence[Command] = COMMANDS) -> str:
     return page
 
 
-def reference(commands: Sequence[Command] = COMMANDS) -> str:
+def reference(commands: Sequence[Listed] = COMMANDS) -> str:
     """Each command: what it does, its usage, its flags, one example and its exit codes."""
     top = parser(commands, "(version)")
     parts = []
-    for command in commands:
+    for command in (entry.load() for entry in commands):
         sub = top.commands[command.name]
         usage = " ".join(sub.format_usage().split()).removeprefix("usage: ")
         # An indented block, not a fence: the docs' fences are all run or compared.
@@ -86,13 +86,13 @@ def _sentence(text: str) -> str:
     return text + ("" if text.endswith(".") else ".")
 
 
-def field_tables(commands: Sequence[Command] = COMMANDS) -> str:
+def field_tables(commands: Sequence[Listed] = COMMANDS) -> str:
     """The field tables of every command's JSON, as ``docs/command-line.md`` shows them."""
     parts = []
-    for command in commands:
+    for command in (entry.load() for entry in commands):
         if command.output is None:
             continue
-        schema = json_schema(command.output)
+        schema = json_schema(command.output())
         about = _about(schema).partition("`: ")[2]
         parts += [f"### `flare-l2evict {command.name} --json`", about[:1].upper() + about[1:]]
         parts += _tables(schema)

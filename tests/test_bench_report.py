@@ -10,6 +10,7 @@ runs from a checkout as ``python -m benchmarks.bench`` (it is not in the wheel).
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -306,6 +307,32 @@ def test_bench_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> 
     code = main(["--device", "cuda:0"])
     err = capsys.readouterr().err
     assert code == 2 and "(--device cuda:0 given, but CUDA is not available here)" in err
+
+
+def test_bench_leaves_a_sigterm_its_caller_ignores_ignored(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 46: the bench set its SIGTERM handler even where the caller ignored SIGTERM (a
+    # run started with `&` from a script, nohup). It runs on the CLI's runner now.
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the bench would run in full")
+    changed: list[int] = []
+    real = signal.signal
+
+    def recorded(number: int, handler: Any) -> Any:
+        changed.append(number)
+        return real(number, handler)
+
+    inherited = real(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        monkeypatch.setattr(signal, "signal", recorded)
+        code = main([])
+        monkeypatch.undo()
+        after = signal.getsignal(signal.SIGTERM)
+    finally:
+        real(signal.SIGTERM, inherited)
+    assert code == 2 and "needs a CUDA device" in capsys.readouterr().err
+    assert signal.SIGTERM not in changed and after is signal.SIG_IGN
 
 
 @pytest.mark.parametrize(

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from support.scripts import script
 
+from flare_l2evict.tools._signals import settled
 from flare_l2evict.tools.cli import COMMANDS, Command, example, main, plan
-from flare_l2evict.tools.cli._shared import Exits, Parser, parser, settled
+from flare_l2evict.tools.cli._shared import Exits, Listed, Parser, parser
 
 
-def _stand_in_arguments(parser: Parser, _commands: Sequence[Command]) -> None:
+def _stand_in_arguments(parser: Parser, _commands: Sequence[Listed]) -> None:
     parser.add_argument("--times", type=int, default=1)
 
 
@@ -45,7 +46,7 @@ STAND_IN = Command(
 def test_a_command_added_to_the_registry_is_in_help_examples_dispatch_and_the_reference(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    commands = (*COMMANDS, STAND_IN)
+    commands: tuple[Listed, ...] = (*COMMANDS, STAND_IN)
     with pytest.raises(SystemExit):
         main(["--help"], commands)
     assert "greet" in capsys.readouterr().out
@@ -93,7 +94,7 @@ def _interrupted(_args: argparse.Namespace) -> int:
 def test_only_a_command_that_wrote_temporary_files_says_it_removed_them(
     capsys: pytest.CaptureFixture[str], argv: list[str], said: str
 ) -> None:
-    commands = [dataclasses.replace(c, run=_interrupted) for c in COMMANDS]
+    commands = [dataclasses.replace(c.load(), run=_interrupted) for c in COMMANDS]
     assert main(argv, commands) == 130
     assert capsys.readouterr().err.startswith(said)
 
@@ -258,3 +259,48 @@ def test_a_handler_python_cannot_see_is_left_alone(
     assert main(["example", "--out", str(tmp_path / "ex")]) == 0
     assert "wrote 10 files" in capsys.readouterr().out
     assert signal.SIGTERM not in changed and signal.SIGINT in changed
+
+
+def test_each_registry_entry_is_its_modules_declaration() -> None:
+    # Issue 46: the registry names each command's module, and only the one that runs is
+    # imported; its summary and whether it prints --json are said there once more.
+    for entry in COMMANDS:
+        command = entry.load()
+        assert (command.name, command.help, command.json) == (entry.name, entry.help, entry.json)
+
+
+def _a_programs_sigterm(signum: int, _frame: object) -> None:
+    """A program's own SIGTERM handler (never called here: no SIGTERM is sent)."""
+
+
+@pytest.mark.usefixtures("interruptible")
+def test_a_ctrl_c_as_the_handlers_are_put_back_ends_with_the_commands_own_code(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    # Issue 46: a Ctrl-C just after SIGINT was put back, before SIGTERM was, returned 130
+    # after example had printed "wrote 10 files" and written them, and left SIGTERM ignored
+    # for a program that calls main(). A real SIGINT each time SIGINT's handler is put back.
+    real = signal.signal
+    sent: list[int] = []
+
+    def ctrl_c_as_sigint_is_put_back(number: int, handler: Any) -> Any:
+        before = real(number, handler)
+        if number == signal.SIGINT and handler is signal.default_int_handler:
+            sent.append(number)
+            os.kill(os.getpid(), signal.SIGINT)  # before SIGTERM's is put back
+        return before
+
+    inherited = real(signal.SIGTERM, _a_programs_sigterm)
+    try:
+        monkeypatch.setattr(signal, "signal", ctrl_c_as_sigint_is_put_back)
+        code = main(["example", "--out", str(tmp_path / "ex")])
+        monkeypatch.undo()
+        after = signal.getsignal(signal.SIGTERM)
+    finally:
+        real(signal.SIGTERM, inherited)
+    said = capsys.readouterr()
+    assert sent and code == 0, said.err
+    assert "wrote 10 files" in said.out and said.err == ""
+    assert len(list((tmp_path / "ex").iterdir())) == 10
+    assert after is _a_programs_sigterm
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

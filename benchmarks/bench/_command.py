@@ -11,20 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from flare_l2evict._errors import L2EvictError
-from flare_l2evict._text import shown
+from flare_l2evict.tools.cli._runner import Job, run
 from flare_l2evict.tools.cli._shared import (
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
     Parser,
     device_text,
-    error_line,
     missing_driver,
     whole_number_in,
 )
@@ -129,36 +125,16 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    # SIGTERM unwinds like Ctrl-C, so a child's temporary files are removed on the way out.
-    raise KeyboardInterrupt(signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the bench with ``argv`` (default ``sys.argv[1:]``); returns its exit code."""
+    """Run the bench with ``argv`` (default ``sys.argv[1:]``); returns its exit code.
+
+    It runs on the CLI's runner: the same lines, exit codes and signal rules as
+    ``flare-l2evict`` (an interruption removes the bench's temporary files on the way out).
+    """
+    return run(PROG, lambda: _prepared(argv), process=argv is None)
+
+
+def _prepared(argv: Sequence[str] | None) -> Job:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        return _bench(args)
-    except L2EvictError as error:
-        print(error_line(PROG, str(error)), file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(
-            error_line(PROG, "interrupted; temporary files removed", "run the command again"),
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
-    except OSError as error:
-        print(
-            error_line(
-                PROG,
-                f"{error.strerror or error} ({shown(str(error.filename or 'no file'))})",
-                "check the path and its permissions",
-            ),
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return Job(PROG, lambda: _bench(args), temporary=True)

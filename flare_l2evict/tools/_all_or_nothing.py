@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from .._errors import L2EvictError
 from .._text import shown
+from . import _signals
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC
@@ -49,18 +49,10 @@ class _Held:
             raise KeyboardInterrupt(self.signum)
 
 
-def changeable_handlers(numbers: tuple[int, ...]) -> dict[int, Any]:
-    """The handlers of ``numbers`` that a command may change, as they are now: not one its
-    caller ignores (`cmd &` from a script, nohup: that stays ignored), nor one Python cannot
-    see (``None``: a C host's own handler, which Python could not put back)."""
-    handlers = {number: signal.getsignal(number) for number in numbers}
-    return {n: h for n, h in handlers.items() if h is not None and h is not signal.SIG_IGN}
-
-
 @contextlib.contextmanager
 def _interrupts_held(settle: bool) -> Iterator[_Held]:
     """Ctrl-C and SIGTERM held for the body; after it, the handlers as they were, or, where
-    ``settle`` and the body went through, ignored (the caller's result is final)."""
+    ``settle`` and the body went through, the running command settled (:mod:`._signals`)."""
     held = _Held()
     if threading.current_thread() is not threading.main_thread():
         yield held  # signals reach the main thread only: nothing to hold here
@@ -69,7 +61,7 @@ def _interrupts_held(settle: bool) -> Iterator[_Held]:
     def hold(signum: int, _frame: FrameType | None) -> None:
         held.signum = signum
 
-    previous = changeable_handlers((signal.SIGINT, signal.SIGTERM))
+    previous = _signals.changeable()
     done = False
     try:  # installed inside: a signal just after one is set still finds both put back
         for number in previous:
@@ -77,8 +69,10 @@ def _interrupts_held(settle: bool) -> Iterator[_Held]:
         yield held
         done = True
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, signal.SIG_IGN if done and settle else handler)
+        with _signals.held():  # put back and settled at once: no signal lands in between
+            _signals.put_back(previous)
+            if done and settle:
+                _signals.settled()
 
 
 class _FilesLeft(L2EvictError):
@@ -98,9 +92,9 @@ def write_all(
     it raises is raised, with ``out`` as it was. Raises :class:`KeyboardInterrupt`
     when interrupted and :class:`L2EvictError` on a failure, each after ``out``
     is back as it was; if even that fails, one :class:`L2EvictError` says what
-    is left where. ``settle``: once every file is in, Ctrl-C and SIGTERM stay ignored, so
-    that a command that reports the write ends with the exit code its report states (the
-    command's ``main`` puts the handlers back as it returns).
+    is left where. ``settle``: once every file is in, the running command's result is
+    settled (:func:`._signals.settled`), so that a command that reports the write ends with
+    the exit code its report states.
     """
     with _interrupts_held(settle) as held:
         _Writer(out, held).write(files, check)

@@ -35,8 +35,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
 
 def schema_of(command: str) -> dict[str, Any]:
     """The JSON Schema of what ``command --json`` prints: its registered model's."""
-    (output,) = [c.output for c in COMMANDS if c.name == command and c.output is not None]
-    return json_schema(output)
+    (output,) = [c.load().output for c in COMMANDS if c.name == command and c.json]
+    assert output is not None
+    return json_schema(output())
 
 
 def parsed(command: str, text: str) -> dict[str, Any]:

@@ -4,29 +4,25 @@ A command is one module of this package that declares one :class:`Command`: its 
 its arguments, its handler, its example and what its exit codes mean, and the model
 its ``--json`` prints. The registry (:data:`flare_l2evict.tools.cli.COMMANDS`) lists
 them; the parser, ``--help``'s examples, the dispatch and the generated command
-reference are all made from it. Torch-free: a usage error is answered before torch is
-imported (0.1 to 0.3 s), and so is ``--device cuda:N`` on a machine with no GPU driver.
+reference are all made from it. Torch- and pydantic-free: a usage error is answered before
+either is imported, and so is ``--device cuda:N`` on a machine with no GPU driver.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import logging
 import os
 import re
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn, Protocol
 
 from ..._errors import CheckpointError, ConfigError, L2EvictError
 from ..._text import _cut, shown
-from .._all_or_nothing import changeable_handlers
 from .._profiles import (
     DEFAULT_KV_BYTES_PER_TOKEN,
     DEFAULT_PROFILE,
@@ -36,6 +32,7 @@ from .._profiles import (
     MiB,
 )
 from .._wrapping import WIDTH, wrap
+from ._runner import EXIT_INTERRUPTED, EXIT_USAGE
 
 if TYPE_CHECKING:  # the CLI parses its arguments before importing torch or any tool
     import torch
@@ -51,9 +48,6 @@ log = logging.getLogger(f"{LOGGER}.tools.cli")
 # One meaning per exit code, for every command (each command's ``--help`` says its own).
 EXIT_INSTALLS: Final = 0
 EXIT_FALLS_BACK: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_INTERRUPTED: Final = 130
-EXIT_PIPE_CLOSED: Final = 141  # 128 + SIGPIPE, as a shell reports a command whose reader left
 USAGE_ERROR = "a usage or input error (one line on stderr: the cause and the fix)"
 INTERRUPTED = "interrupted (Ctrl-C or SIGTERM): one line on stderr"
 
@@ -86,19 +80,28 @@ class Command:
 
     ``arguments`` adds the command's own flags (the registry is passed for a command that
     names the others, as ``schema`` does); ``run`` is its handler, returning its exit
-    code; ``output`` the pydantic model its ``--json`` prints (``None``: no ``--json``);
-    ``temporary`` whether an interrupted run removed temporary files it had written.
+    code; ``output`` gives the pydantic model its ``--json`` prints (``None``: no
+    ``--json``), imported only when asked for; ``temporary`` whether an interrupted run
+    removed temporary files it had written. A declaration is its own registry entry
+    (:class:`Listed`), as a test's stand-in command is.
     """
 
     name: str
     help: str
     example: str
     exits: Exits
-    arguments: Callable[[Parser, Sequence[Command]], None]
+    arguments: Callable[[Parser, Sequence[Listed]], None]
     run: Callable[[argparse.Namespace], int]
-    output: type[BaseModel] | None = None
+    output: Callable[[], type[BaseModel]] | None = None
     verbose: str = VERBOSE_DECISIONS
     temporary: Callable[[argparse.Namespace], bool] = lambda _args: False
+
+    @property
+    def json(self) -> bool:
+        return self.output is not None
+
+    def load(self) -> Command:
+        return self
 
     def epilog(self) -> str:
         """``--help``'s tail: one example, and what each exit code means."""
@@ -106,6 +109,20 @@ class Command:
         for code, meaning in self.exits.lines():
             lines += wrap(meaning, 78, first=f"  {code:<3}  ", rest="       ")
         return "\n".join(lines)
+
+
+class Listed(Protocol):
+    """One entry of the registry: what the parser needs of every command, and the command's
+    declaration on demand (:class:`flare_l2evict.tools.cli.CommandInfo`, or a
+    :class:`Command` itself)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def help(self) -> str: ...
+    @property
+    def json(self) -> bool: ...
+    def load(self) -> Command: ...
 
 
 # -- the parser -----------------------------------------------------------------------------
@@ -179,26 +196,33 @@ def _nearest_device(typed: str) -> str | None:
     return nearest if nearest != typed else None
 
 
-def parser(commands: Sequence[Command], version: str) -> Parser:
-    """The top-level parser: one subcommand per entry of ``commands``, in their order."""
+def parser(
+    commands: Sequence[Listed],
+    version: str | Callable[[], str],
+    load: Collection[str] | None = None,
+) -> Parser:
+    """The top-level parser: one subcommand per entry of ``commands``, in their order.
+
+    Only the commands named in ``load`` (default: all) are loaded and given their flags:
+    the one that runs. ``version`` may be a function, asked only by ``--version``.
+    """
     top = Parser(
         prog=PROG,
         description="b12x start-up races evict L2 by reading resident weights; "
         "the KV cache gets the eviction buffers.",
     )
-    top.add_argument(
-        "--version",
-        action="version",
-        version=f"{PROG} {version}",
-        help=f"print {PROG}'s version and exit",
-    )
+    shows = top.add_argument("--version", action=_Version, help=f"print {PROG}'s version and exit")
+    assert isinstance(shows, _Version)
+    shows.version = version
     subparsers = top.add_subparsers(dest="command", required=True)
     top.commands = subparsers.choices
-    for command in commands:
-        sub = subparsers.add_parser(command.name, help=command.help)
-        command.arguments(sub, commands)
-        _add_verbosity(sub, command.verbose)
-        sub.epilog = command.epilog()
+    for entry in commands:
+        sub = subparsers.add_parser(entry.name, help=entry.help)
+        if load is None or entry.name in load:
+            command = entry.load()
+            command.arguments(sub, commands)
+            _add_verbosity(sub, command.verbose)
+            sub.epilog = command.epilog()
     top.epilog = (
         f"example:\n  {PROG} startup --plugin l2evict\n\n"
         "exit codes (each command's --help says its own):\n"
@@ -208,6 +232,29 @@ def parser(commands: Sequence[Command], version: str) -> Parser:
         f"  130  {INTERRUPTED}"
     )
     return top
+
+
+class _Version(argparse.Action):
+    """``--version``: argparse's, with the version found only when asked (its distribution
+    record is a scan of the installed packages)."""
+
+    version: str | Callable[[], str] = "(unknown)"
+
+    def __init__(self, option_strings: Sequence[str], **kwargs: Any) -> None:
+        kwargs.update(dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0)
+        super().__init__(option_strings, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any) -> NoReturn:
+        version = self.version if isinstance(self.version, str) else self.version()
+        print(f"{PROG} {version}")  # on stdout, as argparse's own
+        parser.exit()
+
+
+def own_version() -> str:
+    """This package's installed version (its distribution record), torch-free."""
+    from ..._b12x.provider import installed_version
+
+    return installed_version("flare-l2evict") or "(not installed)"
 
 
 def _add_verbosity(parser: argparse.ArgumentParser, verbose: str) -> None:
@@ -443,48 +490,6 @@ def log_steps(what: str, seconds: Mapping[str, float]) -> None:
     if log.isEnabledFor(logging.DEBUG):
         steps = ", ".join(f"{name} {value:.3f} s" for name, value in seconds.items())
         log.debug("flare_l2evict: %s took %s", what, steps or "no steps")
-
-
-_running: list[tuple[int, ...]] = []
-"""While :func:`signals_of_a_command` holds this process's handlers: the signals it may change."""
-
-
-@contextlib.contextmanager
-def signals_of_a_command() -> Iterator[None]:
-    """For one command's run: SIGTERM unwinds as Ctrl-C does (temporary files are removed on
-    the way out), and :func:`settled` may hold both; the handlers as they were after it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signals reach the main thread only
-        return
-    handlers = changeable_handlers((signal.SIGINT, signal.SIGTERM))
-    held = tuple(handlers)
-    try:  # each change inside: a signal right after one still finds it undone below
-        _running.append(held)
-        if signal.SIGTERM in handlers:
-            signal.signal(signal.SIGTERM, _terminate)
-        yield
-    finally:
-        with contextlib.suppress(ValueError):  # not there if a signal beat the append
-            _running.remove(held)
-        for number, handler in handlers.items():
-            signal.signal(number, handler)
-
-
-def _terminate(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(signum)
-
-
-def settled() -> None:
-    """The command's result is final: from here on Ctrl-C and SIGTERM wait for its exit.
-
-    Called before the output that reports it, so that a complete output always ends in the
-    exit code it states (an interrupt after "wrote 10 files" used to exit 130 and say
-    "nothing written"). Only inside :func:`signals_of_a_command`, which puts the handlers
-    back: a program that calls a command's function directly keeps its own.
-    """
-    if _running and threading.current_thread() is threading.main_thread():
-        for number in _running[-1]:
-            signal.signal(number, signal.SIG_IGN)
 
 
 # -- errors ---------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Start-up's own steps, nothing installed (:mod:`flare_l2evict.tools._preflight`), then the
 verdict: one line per step, each within 100 columns with its detail on indented lines
-under it, each fact once; or with ``--json`` one :class:`CheckOutput`. Without this
+under it, each fact once; or with ``--json`` one :class:`~._outputs.CheckOutput`. Without this
 rank's checkpoint the verdict names the condition it could not check, never a plain
 ``installs``.
 """
@@ -14,31 +14,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, NonNegativeInt
-
 from ..._errors import L2EvictError
-from ..._settings import DISABLED, L2EvictSettings
 from ..._text import shown
-from .._inputs import ConfigFound
-from .._json_output import Output, exit_field, printed, schema_field
-from .._persisting_l2 import PersistingL2
-from .._preflight import (
-    CheckB12x,
-    CheckSeam,
-    CheckStockBuffer,
-    CheckStorageRead,
-    CheckSupported,
-    CheckVersions,
-    CheckWindow,
-    Lines,
-)
-from .._races_check import RaceAgreement
+from .. import _signals
 from ._shared import (
     EXIT_FALLS_BACK,
     EXIT_INSTALLS,
     USAGE_ERROR,
     Command,
     Exits,
+    Listed,
     Parser,
     add_config_flag,
     add_profile_flags,
@@ -47,50 +32,18 @@ from ._shared import (
     missing_driver,
     profile_of,
     refuse_cuda_without_driver,
-    settled,
     usable_device,
 )
 
 if TYPE_CHECKING:
     import torch
+    from pydantic import BaseModel
 
+    from ..._settings import L2EvictSettings
     from .._headers import TensorHeader
+    from .._inputs import ConfigFound
     from .._profiles import DeviceProfile
-
-
-class CheckOutput(Output):
-    """``flare-l2evict check --json``: start-up's own steps on this machine, nothing installed."""
-
-    schema_version: Literal[3] = schema_field()
-    device: str = Field(description="The device judged.")
-    device_reason: str = Field(description="Why that device (given, or this machine's default).")
-    flare_l2evict: str = Field(description="flare-l2evict's installed version.")
-    config: ConfigFound = Field(description="The config read, and whether it holds the section.")
-    versions: CheckVersions = Field(description="Versions installed here.")
-    b12x: CheckB12x = Field(description="The b12x provider.")
-    supported: CheckSupported = Field(description="What the plugin supports.")
-    l2_cache_bytes: NonNegativeInt = Field(description="The L2.")
-    l2_source: str = Field(description="Where the L2 came from (the device, or a profile).")
-    race_jobs: NonNegativeInt = Field(description="Race jobs credited (the profile's).")
-    persisting_l2: PersistingL2 = Field(description="The persisting-L2 carve-out.")
-    seam: CheckSeam = Field(description="b12x's seam.")
-    stock_buffer: CheckStockBuffer = Field(description="Stock's buffer per race job.")
-    window: CheckWindow = Field(description="The window.")
-    storage_read: CheckStorageRead = Field(description="The storage that would be read.")
-    verdict: Literal["installs", "installs if", "falls back", "disabled"] = Field(
-        description="installs (this rank's checkpoint checked); installs if (no checkpoint "
-        "given: it would install only if the weights meet condition, not checked); falls back; "
-        "or disabled (by config: enabled = false)."
-    )
-    condition: str | None = Field(
-        description="With verdict 'installs if': what this rank's resident weights must hold "
-        "(the window they must cover), which check could not see without the checkpoint; "
-        "else null."
-    )
-    credit_bytes: NonNegativeInt = Field(description="What start-up would credit.")
-    reason: str | None = Field(description="Why the credit is 0, or null.")
-    races: RaceAgreement | None = Field(default=None, description="With --races; else null.")
-    exit_code: Literal[0, 1] = exit_field()
+    from .._races_check import RaceAgreement
 
 
 _NO_RACES = (
@@ -99,7 +52,7 @@ _NO_RACES = (
 )
 
 
-def _arguments(parser: Parser, _commands: Sequence[Command]) -> None:
+def _arguments(parser: Parser, _commands: Sequence[Listed]) -> None:
     parser.add_argument(
         "checkpoint",
         nargs="*",
@@ -187,8 +140,12 @@ def run_check(
     section, and ``config`` where it came from (default: none given, defaults apply).
     """
     from ..._clock import Clock
-    from .._preflight import basis, memory_bytes, provider, storage_and_credit
-    from . import own_version
+    from ..._settings import DISABLED, L2EvictSettings
+    from .._inputs import ConfigFound
+    from .._json_output import printed
+    from .._preflight import Lines, basis, memory_bytes, provider, storage_and_credit
+    from ._outputs import CheckOutput
+    from ._shared import own_version
 
     settings = L2EvictSettings() if settings is None else settings
     config = ConfigFound(file=None, found=False, keys=0) if config is None else config
@@ -206,6 +163,8 @@ def run_check(
         memory = memory_bytes(device, profile)
         decided = storage_and_credit(lines, headers, settings, measured, blocked, memory)
     granted = decided.credit
+    if not races:  # the verdict states the result: from its line on, the run ends with its code
+        _signals.settled()
     if not settings.enabled:
         # The operator's choice, not a fault: stock b12x, and nothing to act on.
         verdict: Literal["installs", "installs if", "falls back", "disabled"] = "disabled"
@@ -260,10 +219,16 @@ def run_check(
         races=agreed,
         exit_code=code,
     )
-    settled()
+    _signals.settled()  # with --races, the races' line was the last to decide it
     if as_json:
         print(printed(output))
     return output.exit_code
+
+
+def _output() -> type[BaseModel]:
+    from ._outputs import CheckOutput
+
+    return CheckOutput
 
 
 def _reason(reason: str | None) -> str:
@@ -286,5 +251,5 @@ COMMAND = Command(
     ),
     arguments=_arguments,
     run=_run,
-    output=CheckOutput,
+    output=_output,
 )

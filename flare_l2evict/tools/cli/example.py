@@ -8,11 +8,21 @@ from pathlib import Path
 
 from ..._errors import L2EvictError
 from ..._text import shown
+from .. import _signals
 from .._profiles import DEFAULT_PROFILE, PROFILES
-from ._shared import EXIT_INTERRUPTED, USAGE_ERROR, Command, Exits, Parser, error_line, wrapped
+from ._runner import EXIT_INTERRUPTED
+from ._shared import (
+    USAGE_ERROR,
+    Command,
+    Exits,
+    Listed,
+    Parser,
+    error_line,
+    wrapped,
+)
 
 
-def _arguments(parser: Parser, _commands: Sequence[Command]) -> None:
+def _arguments(parser: Parser, _commands: Sequence[Listed]) -> None:
     parser.add_argument(
         "--out",
         type=Path,
@@ -39,6 +49,7 @@ def _run(args: argparse.Namespace) -> int:
         # Settled once every file is in: an interrupt after that cannot say "nothing written".
         written = write_example(args.out, window, settle=True)
     except KeyboardInterrupt:  # write_example put DIR back as it was before it re-raised
+        _signals.settled()  # decided: a second Ctrl-C cannot add a second line
         cause = f"interrupted; nothing written to {shown(str(args.out))}"
         print(error_line("flare-l2evict example", cause, "run the command again"), file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -6,59 +6,35 @@ import argparse
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
-
-from pydantic import Field, NonNegativeInt
+from typing import TYPE_CHECKING, Literal
 
 from ..._errors import L2EvictError
-from ..._settings import DISABLED
 from ..._text import shown
-from .._inputs import ConfigFound
-from .._json_output import Output, exit_field, printed, schema_field
-from .._plan import NAME_LIMIT, PlanRank
+from .. import _signals
 from ._shared import (
     EXIT_FALLS_BACK,
     EXIT_INSTALLS,
     Command,
     Exits,
+    Listed,
     Parser,
     add_config_flag,
     add_profile_flags,
     log_steps,
     plural,
     profile_of,
-    settled,
     size_text,
     whole_number_in,
     wrapped,
 )
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
-class PlanOutput(Output):
-    """``flare-l2evict plan --json``: every rank's plan, from safetensors headers only."""
-
-    schema_version: Literal[3] = schema_field()
-    ranks: list[PlanRank] = Field(description="One plan per rank, in rank order.")
-    agreed_reclaimed_bytes: NonNegativeInt = Field(
-        description="What every rank credits: the minimum over ranks."
-    )
-    agreed_kv_tokens_gained: NonNegativeInt | None = Field(
-        description="Whole KV tokens of agreed_reclaimed_bytes."
-    )
-    tensors: NonNegativeInt = Field(description="Tensors in the checkpoint files read.")
-    files: NonNegativeInt = Field(description="Files read.")
-    estimate: str | None = Field(
-        description="How an unsharded checkpoint was split across ranks; null when exact."
-    )
-    config: ConfigFound = Field(description="The config read, and whether it holds the section.")
-    name_limit: NonNegativeInt = Field(
-        default=NAME_LIMIT, description="Characters a tensor name is cut to."
-    )
-    seconds: float = Field(description="Seconds the headers took to read and plan.")
-    exit_code: Literal[0, 1] = exit_field()
+    from .._plan import PlanRank
 
 
-def _arguments(parser: Parser, _commands: Sequence[Command]) -> None:
+def _arguments(parser: Parser, _commands: Sequence[Listed]) -> None:
     parser.add_argument(
         "checkpoint",
         nargs="+",
@@ -91,7 +67,9 @@ def _arguments(parser: Parser, _commands: Sequence[Command]) -> None:
 def _run(args: argparse.Namespace) -> int:
     from .._headers import read_checkpoint, refuse_non_safetensors
     from .._inputs import read_deployment
+    from .._json_output import printed
     from .._plan import kv_tokens, plan_ranks, shard_of, split_evenly
+    from ._outputs import PlanOutput
 
     deployment = read_deployment(args.config)
     settings = deployment.settings
@@ -138,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
         seconds=round(elapsed, 4),
         exit_code=code,
     )
-    settled()
+    _signals.settled()
     if args.json:
         print(printed(output))
         return output.exit_code
@@ -172,6 +150,9 @@ def table(ranks: Sequence[PlanRank]) -> str:
     newline or a bidi override in one cannot break or disguise the table, and
     wrapped under the row with the reason a rank falls back.
     """
+    from ..._settings import DISABLED
+    from .._plan import NAME_LIMIT
+
     header = ("rank", "storage", "window", "reclaimed B", "KV tokens gained")
     rows = [
         (
@@ -206,6 +187,12 @@ def table(ranks: Sequence[PlanRank]) -> str:
     return "\n".join(lines)
 
 
+def _output() -> type[BaseModel]:
+    from ._outputs import PlanOutput
+
+    return PlanOutput
+
+
 COMMAND = Command(
     name="plan",
     help="read safetensors headers only and show, per rank, what the plugin would reclaim",
@@ -216,5 +203,5 @@ COMMAND = Command(
     ),
     arguments=_arguments,
     run=_run,
-    output=PlanOutput,
+    output=_output,
 )

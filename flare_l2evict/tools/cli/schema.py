@@ -5,14 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
+from .. import _signals
+from ._shared import Command, Exits, Listed, Parser
 
-from ._shared import Command, Exits, Parser, settled
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
-def _arguments(parser: Parser, commands: Sequence[Command]) -> None:
-    outputs = {command.name: command.output for command in commands if command.output}
+def _arguments(parser: Parser, commands: Sequence[Listed]) -> None:
+    # The registry's entries, not the commands: only the one described is imported.
+    outputs = {command.name: command for command in commands if command.json}
     parser.add_argument(
         "name",
         choices=list(outputs),
@@ -25,9 +29,11 @@ def _arguments(parser: Parser, commands: Sequence[Command]) -> None:
 def _run(args: argparse.Namespace) -> int:
     from .._json_output import json_schema
 
-    model: type[BaseModel] = args.outputs[args.name]
+    output = args.outputs[args.name].load().output
+    assert output is not None  # the registry's json and the command's output agree (a test)
+    model: type[BaseModel] = output()
     text = json.dumps(json_schema(model), indent=2)
-    settled()
+    _signals.settled()
     print(text)
     return 0
 

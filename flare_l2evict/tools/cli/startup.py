@@ -8,17 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
-
 from ..._text import shown
-from .._inputs import ConfigFound
-from .._json_output import Output, exit_field, printed, schema_field
-from .._startup_arm import StartupArm
 from ._shared import (
     EXIT_FALLS_BACK,
     EXIT_INSTALLS,
     Command,
     Exits,
+    Listed,
     Parser,
     add_config_flag,
     add_profile_flags,
@@ -27,7 +23,6 @@ from ._shared import (
     log_steps,
     profile_of,
     refuse_cuda_without_driver,
-    settled,
     size_text,
     step,
     usable_device,
@@ -36,22 +31,15 @@ from ._shared import (
 
 if TYPE_CHECKING:
     import torch
+    from pydantic import BaseModel
+
+    from .._startup_arm import StartupArm
 
 KV_SIZINGS = ("reserved", "measured")
 """The host contract's two KV-sizing styles (``runtime.kv_sizing``), the default first."""
 
 
-class StartupOutput(Output):
-    """``flare-l2evict startup --json``: the reference host's start-up without and with plugins."""
-
-    schema_version: Literal[3] = schema_field()
-    config: ConfigFound = Field(description="The config read, and whether it holds the section.")
-    without: StartupArm = Field(description="The start-up without plugins.")
-    with_: StartupArm = Field(alias="with", description="The start-up with the named plugins.")
-    exit_code: Literal[0, 1] = exit_field()
-
-
-def _arguments(parser: Parser, _commands: Sequence[Command]) -> None:
+def _arguments(parser: Parser, _commands: Sequence[Listed]) -> None:
     parser.add_argument(
         "checkpoint",
         nargs="*",
@@ -89,8 +77,11 @@ def _arguments(parser: Parser, _commands: Sequence[Command]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from .. import _signals
     from .._headers import refuse_non_safetensors
     from .._inputs import read_deployment, refuse_unknown_plugins, refuse_unreadable_checkpoint
+    from .._json_output import printed
+    from ._outputs import StartupOutput
 
     # Every input is checked before torch is imported: a typo is answered in under a second.
     # A bad section (or one named near [plugins.l2evict]) stops here, in one line.
@@ -109,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
     # Fell back: asked for, enabled, and never installed (its WARNING line says why). A
     # measuring host is credited nothing by design: it installed if the races read weights.
     code: Literal[0, 1] = EXIT_FALLS_BACK if enabled and not after.installed else EXIT_INSTALLS
-    settled()
+    _signals.settled()
     if args.json:
         output = StartupOutput.model_validate(
             {"config": deployment.found, "without": before, "with": after, "exit_code": code}
@@ -284,6 +275,12 @@ def _notes(before: StartupArm, after: StartupArm, label: str, *, fell_back: bool
     return [wrapped(note) for note in notes]
 
 
+def _output() -> type[BaseModel]:
+    from ._outputs import StartupOutput
+
+    return StartupOutput
+
+
 COMMAND = Command(
     name="startup",
     help="run the reference host without and with plugins and compare the KV cache",
@@ -295,7 +292,7 @@ COMMAND = Command(
     ),
     arguments=_arguments,
     run=_run,
-    output=StartupOutput,
+    output=_output,
     # Without a CHECKPOINT it writes the embedded example to a temporary directory first.
     temporary=lambda args: not args.checkpoint,
 )

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from ..._errors import CheckpointError
+from .. import _signals
 from .._inputs import missing_checkpoint
 
 
@@ -31,7 +32,10 @@ def load_checkpoint(path: str | Path, device: torch.device) -> dict[str, torch.T
             f"{path}: not a regular file (a FIFO or device); fix: pass a single .safetensors file"
         )
     try:
-        loaded = load_file(path, device=str(device))
+        # Held: safetensors' Rust calls back into torch, and turned a Ctrl-C there into
+        # "ValueError: could not determine the shape of object type ...", a traceback.
+        with _signals.held():
+            loaded = load_file(path, device=str(device))
         if device.type == "cpu":
             return {name: tensor.clone() for name, tensor in loaded.items()}
         return loaded
