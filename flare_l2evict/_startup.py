@@ -59,11 +59,13 @@ import gc
 import itertools
 import logging
 import os
+import sys
 import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from types import FrameType
 from typing import ClassVar, ParamSpec, TypeVar
 
 from ._b12x.seam import Seam
@@ -246,18 +248,30 @@ class _Call:
     """One :meth:`Startup.restore` call, for its claims on undo steps: a claim stands while
     its call runs, and is taken over once the call has left (:func:`_left`)."""
 
-    __slots__ = ("__weakref__", "left", "ref")
+    __slots__ = ("__weakref__", "frame", "ref", "thread")
 
-    def __init__(self) -> None:
-        self.left = False  # set as restore() leaves, whatever cut it short
+    def __init__(self, frame: FrameType) -> None:
+        self.frame: FrameType | None = frame
+        """``restore()``'s own frame: the call runs while it is on its thread's stack."""
+        self.thread = threading.get_ident()
         self.ref: weakref.ref[_Call] = weakref.ref(self)
 
 
 def _left(held: weakref.ref[_Call]) -> bool:
-    """Whether the call behind a claim has left: it said so as it left, or it is gone (a cut
-    before its ``finally`` stored the word: a trace callback's exception)."""
+    """Whether the call behind a claim has left: its ``restore()`` frame is no longer on its
+    thread's stack. Read off the stacks, never off a word the call stores as it leaves: a cut
+    can skip a store (a trace callback's exception), and a host that keeps the exception keeps
+    the call alive. After a fork, the other threads' calls are gone with their threads."""
     call = held()
-    return call is None or call.left
+    frame = None if call is None else call.frame
+    if call is None or frame is None:
+        return True
+    running = sys._current_frames().get(call.thread)
+    while running is not None:
+        if running is frame:
+            return False
+        running = running.f_back
+    return True
 
 
 class Startup:
@@ -285,6 +299,8 @@ class Startup:
         # Who runs a registered step outside the lock: step -> that restore call. A claim is
         # one store, and a claimed step stays registered until it ran (see _undo_step).
         self._claims: dict[Callable[[], None], weakref.ref[_Call]] = {}
+        # Registered steps whose last run raised twice: the slot is freed with only these left.
+        self._failed: set[Callable[[], None]] = set()
         self._handed: list[ReclaimReport] = []  # every report handed out: each ends the start-up
 
     def _step(self, event: Event) -> Phase:
@@ -370,11 +386,9 @@ class Startup:
         active = cls._active
         if active is None:
             return
-        # The threads that claimed undo steps are not in the child: nobody would run their
-        # claims there, and the slot would never be freed. The steps stay registered, so the
-        # child's next restore runs them. (This thread's own claim, if it forked inside an
-        # undo step, goes too; its owner then finds the claim gone and drops nothing.)
-        active._claims.clear()
+        # The threads that claimed undo steps are not in the child: their calls have left
+        # there (_left reads the stacks), so the child's next restore takes their steps over;
+        # this thread's own claim, if it forked inside an undo step, stands while it runs.
         if active.thread == threading.get_ident():
             return
         active._after(active._step(Event.FORKED))
@@ -483,11 +497,11 @@ class Startup:
         start-up's slot is freed here, once no undo step claimed by a call still running is
         left to run.
         """
-        call = _Call()  # this call's claim on the steps it runs
+        call = _Call(sys._getframe())  # this call's claim on the steps it runs
         try:
             self._restore(call)
         finally:
-            call.left = True  # no call in this line: nothing can cut in before the store
+            call.frame = None  # left (were this skipped, its frame is off the stack anyway)
 
     @_resumed
     def _restore(self, call: _Call) -> None:
@@ -495,10 +509,10 @@ class Startup:
         with self._lock:
             if self._step(Event.RESTORE) in _MID_STEP:
                 return
-            steps = self._undo[::-1]  # newest first; a claimed step is still among them
             eviction = self._eviction
-        for step in steps:
-            self._undo_step(call, step)
+        while steps := self._left_to_run(call):
+            for step in steps:
+                self._undo_step(call, step)
         with self._lock:
             if not self._undo:
                 self.undo_error = None
@@ -516,7 +530,7 @@ class Startup:
         is taken over), or run and unregistered. A step is never in neither place, so it is
         never lost, and a claim stands until its call has run the step or left.
         """
-        undo, claims, mine = self._undo, self._claims, call.ref
+        undo, claims, failed, mine = self._undo, self._claims, self._failed, call.ref
         with self._lock:
             # One C call: the claim is made, or the one that stands is returned.
             held = claims.setdefault(step, mine)
@@ -528,31 +542,53 @@ class Startup:
             run = held is mine and step in undo
         if held is not mine:
             return  # another call, still running, has it: the slot waits for that call
-        ran = False
+        ran = gave_up = False
         try:
             ran = run and self._undone(step)
+            gave_up = run and not ran  # it raised twice, an Exception each time
         finally:
             with self._lock:
                 if ran and step in undo:
                     undo.remove(step)  # one C call: unregistered once it ran
+                if ran or gave_up:  # one C call each: a step cut short is neither
+                    failed.add(step) if gave_up else failed.discard(step)
                 # The claim last: until here the step was registered or claimed. Nothing
                 # else moves a claim of a call still running; one left behind by a cut here
                 # is dropped by _vacate (its step is gone) or taken over.
                 if claims.get(step) is mine:
                     claims.pop(step, None)  # _vacate may have dropped it since: it had run
 
-    def _vacate(self) -> None:
-        """An ENDED start-up frees the slot once no undo step is claimed by a call that is still
-        running (that call frees it as it leaves), and drops the steps that failed: the next
-        start-up installs after every undo of this one, never before a stale one."""
+    def _left_to_run(self, call: _Call) -> list[Callable[[], None]]:
+        """The registered steps ``call`` has yet to try, newest first: every one that has not
+        failed, and is unclaimed, claimed by ``call`` itself (a first run an exception cut
+        short), or claimed by a call that left. A step another call skipped (claimed then)
+        and its claimant dropped unrun (an interrupt cut it) is among them."""
+        mine = call.ref
         with self._lock:
-            claims = self._claims
-            over = self.phase is Phase.ENDED and not any(
-                not _left(held) and step in self._undo for step, held in list(claims.items())
+            claims, failed = self._claims, self._failed
+            return [
+                step
+                for step in self._undo[::-1]
+                if step not in failed
+                and ((held := claims.get(step)) is None or held is mine or _left(held))
+            ]
+
+    def _vacate(self) -> None:
+        """An ENDED start-up frees the slot once every step still registered has failed (it
+        raised twice, and is named in :attr:`undo_error`) and none is claimed by a call that is
+        still running (that call frees it as it leaves); it drops the failed steps then. Never
+        a step that was merely cut short: the next start-up installs after every undo of this
+        one, never before a stale one."""
+        with self._lock:
+            claims, failed = self._claims, self._failed
+            over = self.phase is Phase.ENDED and all(
+                step in failed and ((held := claims.get(step)) is None or _left(held))
+                for step in list(self._undo)
             )
             if over:
                 self._undo.clear()  # none claimable now
                 claims.clear()
+                failed.clear()
             # One line, compare and clear: a signal handler that ended this start-up and began
             # the next between a check and a write would have its slot cleared.
             over and Startup._active is self and setattr(Startup, "_active", None)  # type: ignore[func-returns-value]

@@ -27,13 +27,16 @@ plugin, b12x's real seam, fork and torch are real.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -42,7 +45,7 @@ import torch
 from support.fake_b12x import use_fork_api
 from support.hosts import CREDIT, complete, hook, runtime, seam_is_ours
 from support.startups import installed, restore_paused
-from support.stops import AsynchronousInterrupt, Stop, at, interrupt
+from support.stops import AsynchronousInterrupt, Stop, Stops, Target, at, interrupt, line_of
 
 import flare_l2evict
 from flare_l2evict import ReclaimReport, _core
@@ -519,3 +522,104 @@ def test_a_real_signal_inside_restores_loses_no_step_and_frees_no_slot_early(
     runs, hits = _restores_under_sigalrm(handler)
     print(f"{runs} restores, {hits} signals inside _undo_step")
     assert hits >= 1_000, f"the signal landed inside _undo_step only {hits} times in {runs}"
+
+
+# 5. What the attack on the undo steps found (issue 46): each fails on the first rewrite.
+def test_a_step_an_interrupt_cut_short_is_never_dropped_by_another_threads_restore() -> None:
+    # startup_complete's restore claims the step and enters it; an operator's restore() on
+    # another thread skips it (claimed) and is preempted before its _vacate; Ctrl-C lands at
+    # the step's entry, and the claim is dropped with the step unrun; the operator goes on.
+    # Before, its _vacate took "registered, claimed by no running call" for a failed step,
+    # dropped it and freed the slot: the seam stayed the plugin's, and nothing could undo it.
+    host = runtime()
+    assert hook(host).reclaimed_bytes == CREDIT and seam_is_ours()
+    active = Startup.active()
+    assert active is not None
+    (step,) = active._undo
+    operator = contextlib.ExitStack()
+
+    def operator_paused_then_ctrl_c() -> None:
+        operator.enter_context(restore_paused(at(restore, "self._vacate()")))
+        raise AsynchronousInterrupt("Ctrl-C at the undo step's entry")
+
+    restore = Startup._restore.__wrapped__  # type: ignore[attr-defined]
+    stops = Stops(
+        Stop(at(step, event="call"), operator_paused_then_ctrl_c),
+        # The claim dropped, the restore about to run again: the operator vacates now.
+        Stop(at(restore, event="entry"), operator.close, nth=2),
+    )
+    with pytest.raises(AsynchronousInterrupt):
+        stops.run(lambda: complete(host))
+    operator.close()
+    assert all(stop.fired for stop in stops.stops), [stop.fired for stop in stops.stops]
+    assert not seam_is_ours() and Startup.active() is None, active
+
+
+def test_a_claim_stands_while_its_restore_runs_and_not_a_moment_longer() -> None:
+    # A call is running while its restore() frame is on its thread's stack: read off the
+    # stacks, never off a word the call stores as it leaves. Before, a claim stood until
+    # restore()'s finally stored "left"; a debugger's exception at that line skipped the
+    # store, and a host that kept the exception kept the claim, the slot taken and the seam
+    # the plugin's through every later restore() and startup_complete.
+    from flare_l2evict._startup import _Call, _left
+
+    inside, go = threading.Event(), threading.Event()
+    calls: list[_Call] = []
+
+    def running() -> None:
+        calls.append(_Call(sys._getframe()))
+        inside.set()
+        go.wait(DEADLINE)
+
+    other = threading.Thread(target=running)
+    other.start()
+    assert inside.wait(DEADLINE)
+    (call,) = calls
+    assert not _left(call.ref)  # running on its thread
+    go.set()
+    other.join()
+    assert call.frame is not None and _left(call.ref)  # its frame returned; the call is alive
+    here = _Call(sys._getframe())
+    assert not _left(here.ref)  # this frame, on this thread: running
+
+
+def test_a_fork_inside_an_undo_step_keeps_the_forking_threads_claim() -> None:
+    # A signal handler forks just after the step read the seam (it is the plugin's), in the
+    # child ends the old start-up and begins the next. Before, the child dropped every claim,
+    # the forking thread's own too: the handler's restore ran the step and freed the slot,
+    # the next start-up installed and stood credited, and the old step then wrote stock over
+    # it. Now the claim stands while its call runs, and the next start-up is refused meanwhile.
+    host = runtime()
+    assert hook(host).reclaimed_bytes == CREDIT and seam_is_ours()
+    active = Startup.active()
+    assert active is not None
+    (step,) = active._undo
+    read, write = os.pipe()
+    forked: list[int] = []
+    said: list[str] = []
+
+    def fork_and_begin_the_next() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: on purpose
+            pid = os.fork()
+        forked.append(pid)
+        if pid == 0:
+            torch.set_num_threads(1)
+            flare_l2evict.restore()
+            said.append(str(hook(runtime()).reclaimed_bytes))
+
+    inside = Target(step.__code__, line_of(step, "getattr(owner, name, None) is replacement"))
+    stop = Stop(replace(inside, event="c_return", callee="getattr"), fork_and_begin_the_next)
+    stop.run(lambda: complete(host))
+    if forked[0] == 0:  # the child, once the old step ran through
+        try:
+            now = Startup.active()
+            stands = now is not None and now.offered_bytes > 0
+            os.write(write, f"{said[0]} {stands} {seam_is_ours()}".encode())
+        finally:
+            os._exit(0)
+    got = _child_says(forked[0], read, write)
+    credit, credited, ours = got.split()
+    assert credit == "0" and credited == "False", got  # refused: the old step still ran
+    assert ours == "False", got
+    assert not seam_is_ours() and Startup.active() is None

@@ -23,9 +23,10 @@ from typing import Any, Literal, Protocol, TypeVar
 
 _T = TypeVar("_T")
 
-Event = Literal["call", "line", "return", "c_return"]
+Event = Literal["call", "line", "return", "c_return", "entry"]
 """Where in a frame of the target's code: its entry, a line, its return, or inside a line just
-after a C function it called returned."""
+after a C function it called returned; ``entry`` is its entry as the profile function sees it
+(a trace callback's exception turns tracing off, not profiling: a second stop of one call)."""
 
 
 @dataclass(frozen=True)
@@ -118,16 +119,18 @@ class _Traced:
 
 
 class Stop(_Traced):
-    """Runs ``act`` once, at the first time its :class:`Target` is reached: on the traced
-    thread, between two lines, as a signal handler would. After it fired, nothing more is
-    traced (what ``act`` runs included). Only frames of the target's code are traced line by
-    line: the same first hit, without a trace call per line of every other frame."""
+    """Runs ``act`` once, at the first time its :class:`Target` is reached (``nth``: the n-th
+    time): on the traced thread, between two lines, as a signal handler would. After it fired,
+    nothing more is traced (what ``act`` runs included). Only frames of the target's code are
+    traced line by line: the same first hit, without a trace call per line of every other
+    frame."""
 
-    def __init__(self, target: Target, act: Callable[[], object]) -> None:
+    def __init__(self, target: Target, act: Callable[[], object], nth: int = 1) -> None:
         self.target = target
         self._act = act
         self._fired: list[Target] = []
-        self._profiles = target.event == "c_return"
+        self._profiles = target.event in ("c_return", "entry")
+        self._left = nth  # hits before it fires, this one included
 
     @property
     def fired(self) -> bool:
@@ -135,6 +138,9 @@ class Stop(_Traced):
         return bool(self._fired)
 
     def _fire(self) -> None:
+        self._left -= 1
+        if self._left:
+            return
         self._fired.append(self.target)
         self._act()
 
@@ -142,6 +148,10 @@ class Stop(_Traced):
         # What this raises goes into ``frame`` just after the C call returned, as a signal
         # handler's exception would (and CPython then turns profiling off: one shot).
         target = self.target
+        if not self._fired and target.event == "entry":
+            if event == "call" and frame.f_code is target.code:
+                self._fire()
+            return
         if (
             not self._fired
             and event == "c_return"
@@ -154,7 +164,7 @@ class Stop(_Traced):
     def _trace(self, frame: FrameType, event: str, arg: Any) -> Any:
         if self._fired or frame.f_code is not self.target.code:
             return None
-        if self.target.event == "c_return":
+        if self.target.event in ("c_return", "entry"):
             return None
         if self.target.event == "call":
             self._fire()
@@ -166,6 +176,32 @@ class Stop(_Traced):
         if not self._fired and event == target.event and target.line in (None, frame.f_lineno):
             self._fire()
         return self._local
+
+
+class Stops(_Traced):
+    """Several :class:`Stop` on one thread at once, each firing as it would alone: for an
+    interleaving that needs an act at more than one point of one call."""
+
+    def __init__(self, *stops: Stop) -> None:
+        self.stops = stops
+        self._profiles = any(stop._profiles for stop in stops)
+
+    def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        for stop in self.stops:
+            if stop._profiles:
+                stop._profile(frame, event, arg)
+
+    def _trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        found = [each for stop in self.stops if (each := stop._trace(frame, event, arg))]
+        if not found:
+            return None
+
+        def every(frame: FrameType, event: str, arg: Any) -> Any:
+            for each in found:
+                each(frame, event, arg)
+            return every
+
+        return every
 
 
 class _FirstHits(_Traced):
