@@ -223,14 +223,6 @@ RELEASES = Releases(
     stays="stays stock",
     min_version="3.0.0",
 )
-TABLE = RELEASES.table
-read_table = RELEASES.read_table
-write_table = RELEASES.write_table
-unjudged = RELEASES.unjudged
-render_readme = RELEASES.render_readme
-readme_table = RELEASES.readme_table
-main = RELEASES.main
-
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(RELEASES.main())

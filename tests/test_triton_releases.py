@@ -44,7 +44,8 @@ NVIDIA_3_6 = excerpt("nvidia_driver.py")
 RUNTIME_3_6 = excerpt("runtime_driver.py")
 RUNTIME_3_4 = (SUPPORT / "triton_3_4" / "runtime_driver.py.txt").read_text(encoding="utf-8")
 
-releases = script("triton_releases")
+judge = script("triton_releases")
+releases = judge.RELEASES
 
 
 def recorded_registry_stand_in(name: str) -> list[str]:
@@ -63,7 +64,7 @@ def test_every_recorded_registry_release_from_3_0_has_a_row(
 ) -> None:
     assert releases.main(["--discover"], list_versions=recorded_registry_stand_in) == 0
     assert "every release on the registry has a row (13 rows)" in capsys.readouterr().out
-    assert min(releases.read_table(), key=releases.RELEASES.key) == "triton==3.0.0"
+    assert min(releases.read_table(), key=releases.key) == "triton==3.0.0"
 
 
 @pytest.mark.parametrize("removed", ["triton==3.0.0", "triton==3.9.0"])
@@ -98,7 +99,7 @@ def test_a_new_release_needs_a_row_and_one_before_3_0_never_does() -> None:
 
 
 def test_triton_3_6_installs() -> None:
-    got = releases.judge_sources("3.6.0", TESTING_3_6, NVIDIA_3_6, RUNTIME_3_6)
+    got = judge.judge_sources("3.6.0", TESTING_3_6, NVIDIA_3_6, RUNTIME_3_6)
     assert got == {
         "installs": True,
         "reason": "triton 3.6.0: do_bench flush through "
@@ -108,7 +109,7 @@ def test_triton_3_6_installs() -> None:
 
 def test_a_driver_config_handing_out_a_lazy_proxy_stays_stock_naming_it() -> None:
     """3.6's timing code and driver class with 3.4's DriverConfig (the whole file)."""
-    got = releases.judge_sources("3.4.0", TESTING_3_6, NVIDIA_3_6, RUNTIME_3_4)
+    got = judge.judge_sources("3.4.0", TESTING_3_6, NVIDIA_3_6, RUNTIME_3_4)
     assert got["installs"] is False
     assert str(got["reason"]).startswith(
         "the active Triton driver is triton.runtime.driver.LazyProxy, a proxy in front of the "
@@ -118,7 +119,7 @@ def test_a_driver_config_handing_out_a_lazy_proxy_stays_stock_naming_it() -> Non
 
 def test_a_do_bench_zeroing_its_own_buffer_stays_stock_as_3_2_does() -> None:
     testing = TESTING_3_6.replace("runtime.driver.active.clear_cache(cache)", "cache.zero_()")
-    got = releases.judge_sources("3.2.0", testing, NVIDIA_3_6, RUNTIME_3_6)
+    got = judge.judge_sources("3.2.0", testing, NVIDIA_3_6, RUNTIME_3_6)
     assert got["installs"] is False
     assert str(got["reason"]).startswith(
         "triton.testing.do_bench does not ask runtime.driver.active for clear_cache when it runs"
@@ -127,13 +128,13 @@ def test_a_do_bench_zeroing_its_own_buffer_stays_stock_as_3_2_does() -> None:
 
 def test_a_cuda_driver_without_clear_cache_stays_stock() -> None:
     nvidia = NVIDIA_3_6.replace("def clear_cache(self, cache):", "def zero_cache(self, cache):")
-    got = releases.judge_sources("9.9.0", TESTING_3_6, nvidia, RUNTIME_3_6)
+    got = judge.judge_sources("9.9.0", TESTING_3_6, nvidia, RUNTIME_3_6)
     assert got == {
         "installs": False,
         "reason": "the active Triton driver triton.backends.nvidia.driver.CudaDriver has no "
         "clear_cache: this Triton flushes another way; Triton's flush stays stock",
     }
-    no_class = releases.judge_sources("9.9.0", TESTING_3_6, "class HipDriver: pass\n", RUNTIME_3_6)
+    no_class = judge.judge_sources("9.9.0", TESTING_3_6, "class HipDriver: pass\n", RUNTIME_3_6)
     assert no_class["reason"] == (
         "triton 9.9.0 has no triton.backends.nvidia.driver.CudaDriver; Triton's flush stays stock"
     )
@@ -141,7 +142,7 @@ def test_a_cuda_driver_without_clear_cache_stays_stock() -> None:
 
 def test_a_do_bench_reading_a_runtime_it_did_not_import_from_triton_stays_stock() -> None:
     testing = TESTING_3_6.replace("from . import runtime", "from elsewhere import runtime")
-    got = releases.judge_sources("9.9.0", testing, NVIDIA_3_6, RUNTIME_3_6)
+    got = judge.judge_sources("9.9.0", testing, NVIDIA_3_6, RUNTIME_3_6)
     assert got["installs"] is False
     assert "reads runtime.driver.active from an object other than triton.runtime.driver" in str(
         got["reason"]
@@ -149,7 +150,7 @@ def test_a_do_bench_reading_a_runtime_it_did_not_import_from_triton_stays_stock(
 
 
 def test_a_file_this_python_cannot_read_is_no_verdict() -> None:
-    got = releases.judge_sources("9.9.0", TESTING_3_6, NVIDIA_3_6, "def broken(:\n")
+    got = judge.judge_sources("9.9.0", TESTING_3_6, NVIDIA_3_6, "def broken(:\n")
     assert got["error"] is True and "the judge could not run it (SyntaxError" in str(got["reason"])
 
 
@@ -157,9 +158,9 @@ def cached_sources(cache: Path, version: str, runtime: str = RUNTIME_3_6) -> Pat
     """A download cache holding ``triton==version``'s three files (3.6's, vendored)."""
     folder = cache / f"triton-{version}"
     for name, text in (
-        (releases.TESTING, TESTING_3_6),
-        (releases.NVIDIA, NVIDIA_3_6),
-        (releases.RUNTIME, runtime),
+        (judge.TESTING, TESTING_3_6),
+        (judge.NVIDIA, NVIDIA_3_6),
+        (judge.RUNTIME, runtime),
     ):
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
@@ -196,7 +197,7 @@ def test_help_says_what_it_downloads_and_keeps(capsys: pytest.CaptureFixture[str
     said = " ".join(capsys.readouterr().out.split())
     assert "its three source files the proof reads are kept there" in said
     assert "the wheel is deleted" in said and "--discover asks the registry" in said
-    assert f"by default the cache is {releases.CACHE}" in said
+    assert f"by default the cache is {releases.cache}" in said
 
 
 # The runtime's lookup.
@@ -211,7 +212,7 @@ def test_the_shipped_table_answers_by_version() -> None:
     got = triton_table.judged("3.4.0")
     assert got is not None and not got.installs and "LazyProxy" in got.reason
     assert triton_table.judged("3.6.0+git1234abcd") is None  # a source build: judged where it runs
-    assert triton_table.TABLE == releases.TABLE
+    assert triton_table.TABLE == releases.table
 
 
 def test_a_truncated_shipped_table_is_one_line(
