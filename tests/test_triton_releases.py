@@ -227,3 +227,23 @@ def test_a_truncated_shipped_table_is_one_line(
     assert "is unreadable (JSONDecodeError" in line and line.endswith(
         "fix: reinstall flare-l2evict"
     )
+
+
+@pytest.mark.parametrize(
+    ("release", "said"),
+    [
+        ("triton==3.x", "'3.x' is not a version (PEP 440); fix: write the release's version as"),
+        (
+            "torch==2.4",
+            "not NAME==VERSION with NAME one of triton; fix: write it as, e.g., triton==",
+        ),
+    ],
+)
+def test_a_judge_argument_that_does_not_parse_is_one_line_before_any_download(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], release: str, said: str
+) -> None:
+    cache = tmp_path / "cache"
+    assert releases.main(["--judge", release, "--cache", str(cache)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: scripts/triton_releases.py: ") and said in line
+    assert not cache.exists()
