@@ -73,14 +73,12 @@ def sources(version: str, cache: Path, log: Log = progress) -> Path:
         wheel = download("triton", version, Path(scratch), log, WHEEL)
         unpacked = Path(scratch) / "sources"
         with zipfile.ZipFile(wheel) as archive:
-            names = set(archive.namelist())
-            archive.extractall(
-                unpacked, [name for name in (TESTING, NVIDIA, RUNTIME) if name in names]
-            )
+            kept = [name for name in (TESTING, NVIDIA, RUNTIME) if name in archive.namelist()]
+            archive.extractall(unpacked, kept)
         wheel.unlink()  # hundreds of MB: gone before the next release is downloaded
         unpacked.mkdir(exist_ok=True)
         os.replace(unpacked, folder)  # whole or absent: an interrupt leaves no half folder
-    log(f"  kept {TESTING}, {NVIDIA} and {RUNTIME} of it in {folder}; deleted the wheel")
+    log(f"  kept {', '.join(kept) or 'none'} of its files in {folder}; deleted the wheel")
     return folder
 
 
@@ -110,10 +108,10 @@ def judge_sources(
     if testing is None or runtime is None:
         missing = TESTING if testing is None else RUNTIME
         return stays(f"triton {version} ships no {missing}: no do_bench to patch; {STOCK}")
-    cuda = _cuda_driver(nvidia)
-    if cuda is None:
-        return stays(f"triton {version} has no {CUDA_DRIVER}; {STOCK}")
     try:
+        cuda = _cuda_driver(nvidia)
+        if cuda is None:
+            return stays(f"triton {version} has no {CUDA_DRIVER}; {STOCK}")
         config = _driver_config(runtime, cuda)
         timing = _timing(testing, config)
     except Exception as error:  # not Python this interpreter reads, or a config it cannot run

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from support.scripts import script
 from support.triton_stand_in import excerpt
+from support.triton_wheel import triton_wheel_stand_in
 
 from flare_l2evict import L2EvictError
 from flare_l2evict._judged import Judged
@@ -149,8 +150,10 @@ def test_a_do_bench_reading_a_runtime_it_did_not_import_from_triton_stays_stock(
     )
 
 
-def test_a_file_this_python_cannot_read_is_no_verdict() -> None:
-    got = judge.judge_sources("9.9.0", TESTING_3_6, NVIDIA_3_6, "def broken(:\n")
+@pytest.mark.parametrize("which", ["testing", "nvidia", "runtime"])
+def test_a_file_this_python_cannot_read_is_no_verdict(which: str) -> None:
+    files = {"testing": TESTING_3_6, "nvidia": NVIDIA_3_6, "runtime": RUNTIME_3_6}
+    got = judge.judge_sources("9.9.0", **(files | {which: "def broken(:\n"}))
     assert got["error"] is True and "the judge could not run it (SyntaxError" in str(got["reason"])
 
 
@@ -247,3 +250,26 @@ def test_a_judge_argument_that_does_not_parse_is_one_line_before_any_download(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: scripts/triton_releases.py: ") and said in line
     assert not cache.exists()
+
+
+@pytest.mark.slow  # pip download, offline, from a local folder
+def test_judging_downloads_the_wheel_keeps_its_three_files_and_deletes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pip itself, with no index and a folder holding one wheel stand-in (3.6's files)."""
+    files = {judge.TESTING: TESTING_3_6, judge.NVIDIA: NVIDIA_3_6, judge.RUNTIME: RUNTIME_3_6}
+    wheels = triton_wheel_stand_in(tmp_path / "index", "3.10.0", files).parent
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    cache = tmp_path / "cache"
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps(releases.read_table()))
+    argv = ["--judge", "triton==3.10.0", "--cache", str(cache), "--table", str(table)]
+    assert releases.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "triton==3.10.0                   installs: triton 3.10.0: do_bench flush" in out
+    assert "downloaded triton-3.10.0-cp312-cp312-manylinux_2_28_x86_64.whl: 1.1 MB" in err
+    kept = sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*") if p.is_file())
+    assert kept == sorted(f"triton-3.10.0/{name}" for name in files)  # no wheel, no .so
+    assert releases.main(argv) == 0  # judged again from the cache: no download
+    assert "sources of triton==3.10.0: in the cache" in capsys.readouterr().err
