@@ -334,9 +334,11 @@ def test_the_stand_in_environment_holds_only_its_packages(tmp_path: Path) -> Non
 
 
 def test_the_wheel_ships_what_check_reads(wheel: Path) -> None:
-    """``check`` looks the b12x provider up in the judged table: it must be in the wheel."""
+    """``check`` looks the b12x provider up in its judged table, and the Triton wing the Triton
+    here in its own: both must be in the wheel."""
     names = zipfile.ZipFile(wheel).namelist()
     assert "flare_l2evict/tools/b12x_releases.json" in names
+    assert "flare_l2evict/tools/triton_releases.json" in names
     assert "flare_l2evict/py.typed" in names
 
 

@@ -147,6 +147,14 @@ def driver_problem(driver: object, cuda_driver: type) -> str | None:
     ``cuda_driver`` itself (CUDA's stock class), have both methods on the class, hold neither
     on the instance, and take instance attributes."""
     kind = type(driver)
+    if kind is not cuda_driver and "proxy" in kind.__qualname__.lower():
+        # Triton before 3.5 hands out a LazyProxy: an attribute set on it lands on the driver
+        # behind it, but vars() and type() see the proxy, so neither the proof nor the undo
+        # would see what was set.
+        return (
+            f"the active Triton driver is {named(kind)}, a proxy in front of the driver, not "
+            f"{CUDA_DRIVER} itself: the plugin patches the driver's own instance only; {STOCK}"
+        )
     if kind is not cuda_driver:
         which = "AMD's HIP driver" if "hip" in kind.__qualname__.lower() else "not CUDA's"
         return (

@@ -13,15 +13,13 @@ import csv
 import hashlib
 import importlib.metadata
 import importlib.util
-import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._b12x.table import SeamRow, rows
-from .._errors import L2EvictError
-from .._text import shown
+from .._judged import Judged, judged_row
 
 
 @dataclass(frozen=True)
@@ -133,34 +131,10 @@ def stock_row() -> SeamRow:
 TABLE = Path(__file__).with_name("b12x_releases.json")
 
 
-@dataclass(frozen=True)
-class Judged:
-    """One row: whether the plugin installs on that release, and its one-line reason."""
-
-    installs: bool
-    reason: str
-
-
 def judged(distribution: str, version: str) -> Judged | None:
     """The row of ``distribution==version``; None where the table has none.
 
     Raises :class:`~flare_l2evict.L2EvictError` (one line: the file, what is
     wrong, reinstall) where the shipped table is unreadable or not a JSON object.
     """
-    try:
-        table = json.loads(TABLE.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise L2EvictError(
-            f"the judged table shipped with flare-l2evict ({shown(str(TABLE))}) is unreadable "
-            f"({type(error).__name__}: {shown(str(error), 120)}; truncated?); "
-            "fix: reinstall flare-l2evict"
-        ) from None
-    if not isinstance(table, dict):
-        raise L2EvictError(
-            f"the judged table shipped with flare-l2evict ({shown(str(TABLE))}) is a JSON "
-            f"{type(table).__name__}, not an object of rows; fix: reinstall flare-l2evict"
-        )
-    row = table.get(f"{distribution}=={version}")
-    if not isinstance(row, dict):
-        return None
-    return Judged(bool(row.get("installs")), str(row.get("reason", "")))
+    return judged_row(TABLE, f"{distribution}=={version}")
