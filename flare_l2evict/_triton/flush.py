@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -71,6 +71,12 @@ class Counts:
     stock_bytes: int = 0
     stock_flushes: int = 0
     """Flushes of a buffer the plugin did not make, left to the driver's own method."""
+
+
+def copied(counts: Counts) -> Counts:
+    """A copy of ``counts`` taken whole: no ``do_bench`` thread writes it halfway."""
+    with _counting:
+        return replace(counts)
 
 
 def scratch_bytes(l2_cache_bytes: int, factor: float = 1.0) -> int:
