@@ -62,8 +62,8 @@ TRITON_STOCK_BYTES = 268_435_456
 """What stock Triton's CUDA driver allocates for each timing call's flush, on every GPU."""
 
 TRITON_WITHOUT_B12X = (
-    "no b12x install stands in this start-up, and a start-up with no b12x install leaves "
-    "Triton's flush stock"
+    "no b12x install stands in this start-up (Triton's flush is served only beside one); "
+    "Triton's flush stays stock"
 )
 
 
