@@ -74,9 +74,11 @@ class Counts:
 
 
 def copied(counts: Counts) -> Counts:
-    """A copy of ``counts`` taken whole: no ``do_bench`` thread writes it halfway."""
-    with _counting:
-        return replace(counts)
+    """A copy of ``counts`` for an audit, read without the lock: a signal handler that ends the
+    start-up may run on a thread that holds it, inside a flush's count (the sweeps of
+    tests/test_every_line.py found that wait). Each field is read whole; a flush counted while
+    the copy is made may show in one field and not yet in another."""
+    return replace(counts)
 
 
 def scratch_bytes(l2_cache_bytes: int, factor: float = 1.0) -> int:
