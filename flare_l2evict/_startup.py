@@ -1,24 +1,23 @@
 r"""One start-up of the plugin in this process: its phase, its lock, its undo, its offer.
 
-:class:`Startup` holds every piece of state the plugin keeps between calls, as
-pluggy's ``PluginManager`` does for a manager: the process's one start-up slot
-and lock, and per start-up its :class:`Phase`, the seams' undo steps, the offer
-and the agreement round. Its seams are b12x's, the one credited, and the wings installed
-after it (Triton's, a :class:`Wing`), whose undo steps are more steps of the one restore.
-Each method takes one :class:`Event` under the lock, and the lock guards only the
-plugin's own fields: nothing that can run host code runs under it. Not the KV allocator
-(called between :meth:`Startup.offer` and :meth:`Startup.offered`), not the change of a
-seam (:meth:`Startup.install`:
-``torch.device``, which a host's ``TorchFunctionMode`` sees, or the fork's API), not an
-undo step, the text of a host's exception, a log line (its handlers are the host's),
-nor the drop of a host object. A host lock taken in any of those (a profiler's mode)
-cannot deadlock against a host thread that holds it while it calls ``startup_complete``
-or ``restore()``. (What CPython itself runs on this thread, inside a line as well as
-between two: a signal handler after any call returns, a ``gc.callbacks`` hook, a trace or
-profile callback, is outside any library's say: the lock is re-entrant for it, and every
-move of state is one write or one C call; docs/guarantees.md.) The parts below (basis, choice,
-eviction, seam, credit, agreement, report) are passive: none imports this module or calls
-back into it.
+:class:`Startup` holds every piece of state the plugin keeps between calls, as pluggy's
+``PluginManager`` does for a manager: the process's one start-up slot and lock, and per
+start-up its :class:`Phase`, the seams' undo steps, the offer and the agreement round. Its
+seams are b12x's, the one credited, and the wings installed after it (Triton's, a
+:class:`Wing`), whose undo steps are more steps of the one restore. Each method takes one
+:class:`Event` under the lock, and the lock guards only the plugin's own fields: nothing
+that can run host code runs under it. Not the KV allocator (called between
+:meth:`Startup.offer` and :meth:`Startup.offered`), not the change of a seam
+(:meth:`Startup.install`: ``torch.device``, which a host's ``TorchFunctionMode`` sees, or
+the fork's API), not an undo step, the text of a host's exception, a log line (its handlers
+are the host's), nor the drop of a host object. A host lock taken in any of those (a
+profiler's mode) cannot deadlock against a host thread that holds it while it calls
+``startup_complete`` or ``restore()``. (What CPython itself runs on this thread, inside a
+line as well as between two: a signal handler after any call returns, a ``gc.callbacks``
+hook, a trace or profile callback, is outside any library's say: the lock is re-entrant for
+it, and every move of state is one write or one C call; docs/guarantees.md.) The parts below
+(basis, choice, eviction, seam, credit, agreement, report) are passive: none imports this
+module or calls back into it.
 
 The phase moves only through :data:`NEXT`, a table of (phase, event) -> next phase,
 applied by :meth:`Startup._step`, which raises on a pair the table does not have (as

@@ -1,5 +1,6 @@
-"""Triton 3.6's ``do_bench`` and driver config, vendored (``triton_3_6/``), and a CPU driver
-stand-in, so the Triton wing's tests run where Triton is not installed (CPU, CI)."""
+"""Triton 3.6's ``do_bench`` and driver config, vendored (``triton_3_6/``), a CPU driver
+stand-in, and a module tree of them set into ``sys.modules`` (:func:`triton_imported`), so the
+Triton wing's tests, and start-ups with the wing, run where Triton is not installed (CPU, CI)."""
 
 from __future__ import annotations
 import __future__
