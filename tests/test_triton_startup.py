@@ -266,6 +266,26 @@ def test_a_triton_install_that_fails_is_undone_named_and_never_takes_b12x_down(
     assert level == logging.WARNING and said in line and "\n" not in line
 
 
+def test_a_triton_whose_proof_raises_is_named_and_never_takes_b12x_down(
+    triton: TritonModulesStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(name: str) -> object:  # a module-level __getattr__ of a broken install
+        raise RuntimeError(f"triton.testing.{name} could not be loaded")
+
+    triton.modules["triton.testing"].__getattr__ = broken  # type: ignore[method-assign]
+    host = runtime()
+    with caplog.at_level(logging.INFO, logger="flare_l2evict"):
+        report = hook(host)
+    assert report.reclaimed_bytes == CREDIT and seam_is_ours() and triton.stock()
+    reason = (
+        "proving Triton's seam raised RuntimeError: triton.testing.do_bench_proton could not "
+        f"be loaded; {STOCK}"
+    )
+    assert report.triton.reason == reason
+    assert triton_lines(caplog) == [(logging.WARNING, f"flare_l2evict: triton: {reason}")]
+    complete(host)
+
+
 def test_b12x_falling_back_restores_triton_too(
     triton: TritonModulesStandIn, caplog: pytest.LogCaptureFixture
 ) -> None:

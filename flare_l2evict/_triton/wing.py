@@ -154,10 +154,15 @@ def triton_wing(device: torch.device, l2_cache_bytes: int, enabled: bool) -> Tri
         return TritonWing(
             None, _stock(f"the weights are on {device}, not a CUDA device"), logging.INFO
         )
-    verdict = prove_triton()
-    proof = verdict.proof
-    if proof is None:
-        quiet = verdict.reason.startswith("triton is not installed")
-        return TritonWing(None, _stock(verdict.reason), logging.INFO if quiet else logging.WARNING)
-    seam = TritonSeam(proof, scratch_bytes(l2_cache_bytes, SCRATCH_FACTOR))
+    try:  # the host's Triton, whatever shape it has: never b12x's fault
+        verdict = prove_triton()
+        proof = verdict.proof
+        if proof is None:
+            quiet = verdict.reason.startswith("triton is not installed")
+            level = logging.INFO if quiet else logging.WARNING
+            return TritonWing(None, _stock(verdict.reason), level)
+        seam = TritonSeam(proof, scratch_bytes(l2_cache_bytes, SCRATCH_FACTOR))
+    except Exception as error:
+        why = f"proving Triton's seam raised {described(error, 300)}"
+        return TritonWing(None, _stock(why), logging.WARNING)
     return TritonWing(seam, verdict.reason, logging.INFO, proof.version)
