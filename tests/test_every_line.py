@@ -8,6 +8,11 @@ Case -> outcome:
   credited (and backed), or restored and not credited; ``startup_complete`` always ends what
   was installed: stock b12x, the slot and the lock free, the weights collected; the next
   start-up credits again;
+- the same at every point only a start-up in a process that imported Triton reaches (the
+  stand-in's module tree: the proof, the install and its check, a ``do_bench``'s flushes, the
+  undo, the outcome's line) -> Triton's flush is the plugin's only while b12x's install
+  stands, stock's after ``startup_complete`` (the class's methods), and no flush reads the
+  weights once the start-up ended;
 - an asynchronous exception at every runtime line of an ``evicting_from`` block's entry and
   exit -> the same, the block's weights collected;
 - an asynchronous exception at every line of the tools' ``install(...)`` -> the slot free and
