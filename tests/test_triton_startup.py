@@ -113,6 +113,18 @@ def test_restore_puts_triton_s_flush_back_with_b12x_s(triton: TritonModulesStand
     assert audit.triton.installed and audit.triton.calls == 0 and audit.shortfall_bytes == CREDIT
 
 
+def test_a_measuring_host_keeps_triton_s_flush_until_its_end(
+    triton: TritonModulesStandIn,
+) -> None:
+    host = runtime()
+    object.__setattr__(host, "kv_sizing", "measured")
+    report = hook(host)
+    assert report.reclaimed_bytes == 0 and report.unallocated_bytes > 0
+    assert report.triton.installed and not triton.stock()
+    bench(triton)
+    assert complete(host).triton.calls == 1 and triton.stock()
+
+
 def test_a_block_installs_triton_s_flush_and_its_exit_puts_it_back(
     triton: TritonModulesStandIn,
 ) -> None:
