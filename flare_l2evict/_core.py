@@ -26,10 +26,11 @@ from ._decision import choose_regions
 from ._errors import FallbackError, RuntimeContractError, reason_of
 from ._eviction import WeightEviction
 from ._log import say
-from ._report import ReclaimReport, RegionRead
+from ._report import ReclaimReport, RegionRead, TritonReport
 from ._request import KVSizing, Placement, Refused, Request
 from ._settings import DISABLED
 from ._startup import Busy, Startup
+from ._triton.wing import TritonWing, triton_wing
 from ._weights import WeightChoice, storages_of, weight_choice
 
 log = logging.getLogger("flare_l2evict")
@@ -45,6 +46,8 @@ class RankCredit:
     eviction: WeightEviction | None = None
     sources: tuple[RegionRead, ...] = field(default=())
     mechanism: Mechanism = "stock-seam"
+    triton: TritonWing | None = None
+    """Triton's side of the install, once b12x's went ahead (``None``: never reached)."""
 
 
 def start(request: Request | Refused) -> ReclaimReport:
@@ -138,6 +141,16 @@ def _run(startup: Startup, request: Request | Refused, clock: Clock) -> ReclaimR
         mine = RankCredit(Credit(0, reason_of(request.error)), error=request.error)
     else:
         mine = _prepare(startup, request, clock)
+    report = _settled(startup, request, mine, clock)
+    if mine.triton is not None:  # beside the line above, once its outcome is known
+        mine.triton.say(report.triton)
+    return report
+
+
+def _settled(
+    startup: Startup, request: Request | Refused, mine: RankCredit, clock: Clock
+) -> ReclaimReport:
+    """The agreement, the report and the offer (or the fault), for this rank's credit."""
     with clock.step("agree"):
         agreed = _agree(startup, request, mine.credit)
     kept = mine.eviction is not None and agreed.reclaimed_bytes > 0
@@ -212,12 +225,13 @@ def _prepare(startup: Startup, request: Request, clock: Clock) -> RankCredit:
             )
             del chosen
             mine = _credit_of(basis, eviction, request.kv_sizing)
-            startup.install(seam, eviction)
+            triton = triton_wing(eviction.device, basis.l2_cache_bytes, request.settings.triton)
+            startup.install(seam, eviction, (triton,))
         # Asked once the core holds no mapping: every other holder is then the caller's.
         if mine.nbytes and (unheld := startup.unheld()) is not None:
             mine = Credit(0, f"{unheld}; fix: {request.wording.resident}, not copies")
         kept = eviction if mine.nbytes else None
-        return RankCredit(mine, basis, None, kept, sources, seam.mechanism)
+        return RankCredit(mine, basis, None, kept, sources, seam.mechanism, triton)
     except Exception as caught:
         # Its traceback holds this frame, and through it the weights: not kept past here.
         return RankCredit(Credit(0, reason_of(caught)), basis, caught.with_traceback(None))
@@ -299,6 +313,7 @@ def _report_of(
             "read_kernel": eviction.kernel,
         }
     credited = agreed.reclaimed_bytes if kept else 0
+    triton = mine.triton.report() if mine.triton is not None else TritonReport()
     return ReclaimReport(
         device=placement.device,
         rank=placement.rank,
@@ -310,6 +325,7 @@ def _report_of(
         kv_sizing=kv_sizing,
         fallback_ranks=agreed.fallback_ranks,
         seconds={name: round(value, 6) for name, value in seconds.items()},
+        triton=triton if kept else triton.stock(),
         **figures,
         **source,
     )
@@ -369,7 +385,14 @@ def _ended_during_the_offer(request: Request, report: ReclaimReport, late: bool)
 def _ended_meanwhile(request: Request, report: ReclaimReport) -> ReclaimReport:
     """The start-up ended, or restore() ran, between the agreement and the offer: 0 bytes."""
     reason = f"{request.wording.ends} ran during {request.wording.began}, or restore() did"
-    zero = report.model_copy(update={"reclaimed_bytes": 0, "mechanism": "none", "reason": reason})
+    zero = report.model_copy(
+        update={
+            "reclaimed_bytes": 0,
+            "mechanism": "none",
+            "reason": reason,
+            "triton": report.triton.stock(),
+        }
+    )
     return faulted(zero, raising=request.raising)
 
 

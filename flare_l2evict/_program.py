@@ -49,6 +49,7 @@ class BlockArguments:
     window: object
     exclude: object
     on_error: object
+    triton: object = True
 
     @property
     def raising(self) -> bool:
@@ -68,15 +69,21 @@ def _plain(value: object) -> object:
 def _settings(given: BlockArguments) -> L2EvictSettings:
     values = {"window": _plain(given.window), "exclude": given.exclude}
     values["on_error"] = _plain(given.on_error)
+    values["triton"] = given.triton
     try:
         return L2EvictSettings.model_validate(values)
     except ValidationError as error:
         key = str(error.errors()[0]["loc"][0]) if error.errors()[0]["loc"] else "window"
     except Exception:  # an exclude of the program's whose iteration raises
         key = "exclude"
+    fix = (
+        "pass triton=True or triton=False"
+        if key == "triton"
+        else "pass window=, exclude= (a list of globs) and on_error= " + _FIX
+    )
     raise _Refusal(
         f"{key} = {literal(values.get(key))} is invalid: use {ALLOWED.get(key, 'what ' + _FIX)}; "
-        "nothing changed; fix: pass window=, exclude= (a list of globs) and on_error= " + _FIX
+        f"nothing changed; fix: {fix}"
     )
 
 
@@ -230,13 +237,15 @@ def evicting_from(
     window: int | str = "stock",
     exclude: Sequence[str] = (),
     on_error: Literal["fallback", "raise"] = "fallback",
+    triton: bool = True,
 ) -> AbstractContextManager[ReclaimReport]:
     """Inside the block, b12x's races evict L2 by reading ``tensors``; yields the report.
 
     ``tensors`` stay resident (and unwritten while races run) for the whole block;
     ``race_jobs`` is how many race jobs the program holds at once; ``device``
     defaults to the first tensor's; ``l2_cache_bytes`` ``None`` reads the CUDA
-    device's; ``window``, ``exclude`` and ``on_error`` are the plugin's settings.
+    device's; ``window``, ``exclude``, ``on_error`` and ``triton`` are the plugin's settings
+    (``triton=False`` keeps Triton's autotuner flush stock inside the block).
 
     Invariants: ``reclaimed_bytes`` is what the block's races will not allocate (0,
     with the reason, when it falls back to stock b12x); on exit, exceptions
@@ -252,5 +261,6 @@ def evicting_from(
         window=window,
         exclude=exclude,
         on_error=on_error,
+        triton=triton,
     )
     return _Block(tensors, arguments)

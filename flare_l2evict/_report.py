@@ -58,6 +58,63 @@ PROGRAM = Wording(
 )
 
 
+TRITON_STOCK_BYTES = 268_435_456
+"""What stock Triton's CUDA driver allocates for each timing call's flush, on every GPU."""
+
+TRITON_WITHOUT_B12X = (
+    "no b12x install stands in this start-up (Triton's flush is served only beside one); "
+    "Triton's flush stays stock"
+)
+
+
+class TritonReport(BaseModel):
+    """Whether Triton's autotuner flushed by reading the weights in this start-up, or why not.
+
+    Never credited: the scratch is made per timing call and freed after it, as stock's buffer
+    is, and no host reserved memory for it. The saving is a peak avoided.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    installed: bool = False
+    reason: str | None = TRITON_WITHOUT_B12X
+    version: str | None = None
+    scratch_bytes: NonNegativeInt = 0
+    stock_bytes: NonNegativeInt = TRITON_STOCK_BYTES
+
+    def stock(self, reason: str = TRITON_WITHOUT_B12X) -> TritonReport:
+        """This section once the b12x install it rode on is gone: stock, and why (a section
+        that never installed keeps its own reason)."""
+        if not self.installed:
+            return self
+        return self.model_copy(update={"installed": False, "reason": reason})
+
+
+class TritonAudit(BaseModel):
+    """What Triton's timing calls asked of the plugin's flush between the hook and the end."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    installed: bool = False
+    calls: NonNegativeInt = 0
+    flushes: NonNegativeInt = 0
+    captured: NonNegativeInt = 0
+    scratch_bytes: NonNegativeInt = 0
+    stock_calls: NonNegativeInt = 0
+    stock_bytes: NonNegativeInt = 0
+
+    def summary(self) -> str:
+        """The audit line's Triton part ("" when no timing call was served)."""
+        if not self.calls:
+            return ""
+        stock = f", {self.stock_calls} left stock" if self.stock_calls else ""
+        return (
+            f"; triton: {self.calls} timing calls flushed by the weights ({self.flushes} "
+            f"flushes{stock}), at most {self.scratch_bytes:,} bytes each against stock's "
+            f"{TRITON_STOCK_BYTES:,}"
+        )
+
+
 class RegionRead(BaseModel):
     """One storage the eviction reads."""
 
@@ -132,6 +189,10 @@ class ReclaimReport(BaseModel):
         default=None,
         description="This rank's credit before it was cut to device_free_bytes (more than "
         "the device had free); null when it was not cut.",
+    )
+    triton: TritonReport = Field(
+        default_factory=TritonReport,
+        description="Triton's autotuner flush in this start-up: never credited.",
     )
 
     @model_validator(mode="after")
@@ -240,6 +301,10 @@ class StartupAudit(BaseModel):
         default=None,
         description="The credit before it was cut to device_free_bytes; null when it was not cut.",
     )
+    triton: TritonAudit = Field(
+        default_factory=TritonAudit,
+        description="What Triton's autotuner asked of the plugin's flush; never credited.",
+    )
 
     @property
     def warns(self) -> bool:
@@ -262,7 +327,7 @@ class StartupAudit(BaseModel):
             return (
                 f"credited {self.credited_bytes:,} bytes{self._cut()} on {self.device} via the "
                 "fork's API; its race evictions are not visible to the plugin"
-            )
+            ) + self.triton.summary()
         parts = [
             f"{d.device}: {d.requested} evictions asked, {d.served_by_weights} served by weights, "
             f"{d.stock_buffers} stock buffers ({d.stock_bytes:,} bytes)"
@@ -290,7 +355,7 @@ class StartupAudit(BaseModel):
             head += f"; FELL BACK to stock mid-start-up: {self.fallback_reason}"
         if self.shortfall_bytes:
             head += f"; SHORTFALL {self.shortfall_bytes:,} bytes of the credit were used"
-        return head
+        return head + self.triton.summary()
 
     def _cut(self) -> str:
         """Where the credit was cut to the memory free on the device, the figures (else "")."""

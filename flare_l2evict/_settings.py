@@ -20,6 +20,9 @@ SECTION = ("plugins", "l2evict")
 _SECTION_NAME = ".".join(SECTION)
 DISABLED = f"disabled by config ({_SECTION_NAME}.enabled = false)"
 """The one reason start-up, check and plan give when the deployment turned the plugin off."""
+TRITON_DISABLED = f"disabled by config ({_SECTION_NAME}.triton = false)"
+"""Why Triton's flush stays stock when the deployment (or ``evicting_from(triton=False)``)
+said so."""
 
 _UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}  # by the unit's first letter
 # One run of blanks between digits and unit, so no two quantifiers compete for a character
@@ -37,7 +40,7 @@ MAX_PATTERN_STARS = 4
 last: between two, each name would be read again from every position (``_globs``)."""
 
 MAX_SECTION_KEYS = 64
-"""Keys the section may hold before it is refused unread: it takes 4, and a host's mapping
+"""Keys the section may hold before it is refused unread: it takes 5, and a host's mapping
 may never end (1,000,000 keys took 8.6 to 36 s and 1.75 GB when all were read)."""
 
 MAX_SCANNED_KEYS = 256
@@ -62,6 +65,8 @@ ALLOWED: dict[str, str] = {
     f"{MAX_EXCLUDE_PATTERNS}, each at most {MAX_PATTERN_CHARS:,} characters and "
     f"{MAX_PATTERN_STARS} '*'; '?' and '[...]' only before the first '*' or after the last)",
     "on_error": "'fallback' (the default: keep stock b12x and reclaim 0) or 'raise'",
+    "triton": "true (the default: while b12x's eviction is installed, Triton's autotuner "
+    "flushes by reading the same weights) or false (Triton's flush stays stock)",
 }
 
 
@@ -74,6 +79,7 @@ class L2EvictSettings(BaseModel):
     window: int | Literal["stock"] = "stock"
     exclude: tuple[str, ...] = ()
     on_error: Literal["fallback", "raise"] = "fallback"
+    triton: StrictBool = True
 
     @property
     def raising(self) -> bool:

@@ -1,22 +1,23 @@
 r"""One start-up of the plugin in this process: its phase, its lock, its undo, its offer.
 
-:class:`Startup` holds every piece of state the plugin keeps between calls, as
-pluggy's ``PluginManager`` does for a manager: the process's one start-up slot
-and lock, and per start-up its :class:`Phase`, the seam's undo steps, the offer
-and the agreement round. Each method takes one :class:`Event` under the lock, and
-the lock guards only the plugin's own fields: nothing that can run host code runs
-under it. Not the KV allocator (called between :meth:`Startup.offer` and
-:meth:`Startup.offered`), not the change of b12x's seam (:meth:`Startup.install`:
-``torch.device``, which a host's ``TorchFunctionMode`` sees, or the fork's API), not an
-undo step, the text of a host's exception, a log line (its handlers are the host's),
-nor the drop of a host object. A host lock taken in any of those (a profiler's mode)
-cannot deadlock against a host thread that holds it while it calls ``startup_complete``
-or ``restore()``. (What CPython itself runs on this thread, inside a line as well as
-between two: a signal handler after any call returns, a ``gc.callbacks`` hook, a trace or
-profile callback, is outside any library's say: the lock is re-entrant for it, and every
-move of state is one write or one C call; docs/guarantees.md.) The parts below (basis, choice,
-eviction, seam, credit, agreement, report) are passive: none imports this module or calls
-back into it.
+:class:`Startup` holds every piece of state the plugin keeps between calls, as pluggy's
+``PluginManager`` does for a manager: the process's one start-up slot and lock, and per
+start-up its :class:`Phase`, the seams' undo steps, the offer and the agreement round. Its
+seams are b12x's, the one credited, and the wings installed after it (Triton's, a
+:class:`Wing`), whose undo steps are more steps of the one restore. Each method takes one
+:class:`Event` under the lock, and the lock guards only the plugin's own fields: nothing
+that can run host code runs under it. Not the KV allocator (called between
+:meth:`Startup.offer` and :meth:`Startup.offered`), not the change of a seam
+(:meth:`Startup.install`: ``torch.device``, which a host's ``TorchFunctionMode`` sees, or
+the fork's API), not an undo step, the text of a host's exception, a log line (its handlers
+are the host's), nor the drop of a host object. A host lock taken in any of those (a
+profiler's mode) cannot deadlock against a host thread that holds it while it calls
+``startup_complete`` or ``restore()``. (What CPython itself runs on this thread, inside a
+line as well as between two: a signal handler after any call returns, a ``gc.callbacks``
+hook, a trace or profile callback, is outside any library's say: the lock is re-entrant for
+it, and every move of state is one write or one C call; docs/guarantees.md.) The parts below
+(basis, choice, eviction, seam, credit, agreement, report) are passive: none imports this
+module or calls back into it.
 
 The phase moves only through :data:`NEXT`, a table of (phase, event) -> next phase,
 applied by :meth:`Startup._step`, which raises on a pair the table does not have (as
@@ -63,10 +64,12 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from types import FrameType
-from typing import ClassVar, ParamSpec, TypeVar
+from typing import Any, ClassVar, ParamSpec, Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from ._b12x.seam import Seam
 from ._errors import InstallError
@@ -209,6 +212,19 @@ NEXT = _table(
 """(phase, event) -> the next phase: every move a start-up can make, and nothing else."""
 
 
+class Wing(Protocol):
+    """A seam installed beside b12x's in the same start-up, whatever library it serves: its
+    undo steps go in the start-up's one list, before each change, and its own failures are
+    its own (it returns normally; only an interrupt goes up). Never credited: it fills one
+    field of the audit, ``section``."""
+
+    section: str
+
+    def install(self, eviction: WeightEviction, undo: list[Callable[[], None]]) -> None: ...
+
+    def audited(self) -> BaseModel: ...
+
+
 class PhaseError(RuntimeError):
     """An event in a phase the table has no move for: a bug in the plugin, never the host's."""
 
@@ -294,6 +310,7 @@ class Startup:
         self._owner = _held(owner)
         self._token = token
         self._seam: Seam | None = None
+        self._wings: tuple[Wing, ...] = ()  # installed after b12x's seam, never credited
         self._eviction: WeightEviction | None = None
         self._undo: list[Callable[[], None]] = []  # registered by the seam; dropped once run
         # Who runs a registered step outside the lock: step -> that restore call. A claim is
@@ -395,26 +412,29 @@ class Startup:
 
     # -- transitions --------------------------------------------------------------------------
 
-    def install(self, seam: Seam, eviction: WeightEviction) -> None:
-        """BEGUN -> INSTALLED: b12x's races read ``eviction`` through ``seam``.
+    def install(self, seam: Seam, eviction: WeightEviction, wings: Sequence[Wing] = ()) -> None:
+        """BEGUN -> INSTALLED: b12x's races read ``eviction`` through ``seam``, the one
+        credited, and each of ``wings`` after it reads the same eviction its own way.
 
         Raises :class:`InstallError` if the start-up is no longer BEGUN (it ended, or
-        ``restore()`` ran). b12x's modules are changed outside the lock (the change calls
+        ``restore()`` ran). The seams are changed outside the lock (b12x's change calls
         ``torch.device``, which a host's torch mode sees, or the fork's API): a restore or
         an end that arrives meanwhile, from any thread, is recorded (FALLING_BACK,
         ENDING) and carried out here once the change is over, so no undo runs before its
-        change.
+        change. Every seam's undo steps land in the one list :meth:`restore` runs.
         """
+        seams: tuple[Seam | Wing, ...] = (seam, *wings)
         with self._lock:
             if (now := self._step(Event.INSTALL)) is Phase.INSTALLING:
-                self._seam, self._eviction = seam, eviction
+                self._seam, self._eviction, self._wings = seam, eviction, tuple(wings)
         if now is not Phase.INSTALLING:
             raise InstallError(
                 f"{self.wording.ends} ran, or restore() did, before the eviction was "
                 "installed; stock b12x kept"
             )
         try:
-            seam.install(eviction, self._undo)
+            for each in seams:
+                each.install(eviction, self._undo)
         finally:
             with self._lock:
                 now = self._step(Event.INSTALLED)
@@ -718,6 +738,7 @@ class Startup:
                 "relied on the eviction; any race after it allocates a stock buffer"
             )
         counted = seam.counted
+        sections: dict[str, Any] = {wing.section: wing.audited() for wing in self._wings}
         unused = max(0, jobs - seam.peak) * seam.basis.stock.nbytes if counted else 0
         devices = tuple(DeviceAudit(device=d, **asdict(c)) for d, c in sorted(seam.counts.items()))
         offered = self._handed[-1] if stands and self._handed else None  # what the offer said
@@ -735,6 +756,7 @@ class Startup:
             fallback_reason=fell_back,
             device_free_bytes=None if offered is None else offered.device_free_bytes,
             uncut_credit_bytes=None if offered is None else offered.uncut_credit_bytes,
+            **sections,
         )
 
     def _log_audit(self, audit: StartupAudit) -> None:

@@ -278,7 +278,7 @@ def test_absurd_flags_are_refused_before_any_work(
         ("cfg_long_value", 'plugins.l2evict.window = "xxxxxxxxxx'),
         ("cfg_long_key", "kkkkk...[1,000,000 chars]: unknown key"),
         ("cfg_huge", "{path}: 10,000,030 bytes, over the 1,048,576 a deployment config may"),
-        ("cfg_many_keys", "holds more than 64 keys (read no further); it takes at most 4"),
+        ("cfg_many_keys", "holds more than 64 keys (read no further); it takes at most 5"),
         ("cfg_sixty_keys", "; and 57 more"),
     ],
 )

@@ -8,6 +8,11 @@ Case -> outcome:
   credited (and backed), or restored and not credited; ``startup_complete`` always ends what
   was installed: stock b12x, the slot and the lock free, the weights collected; the next
   start-up credits again;
+- the same at every point only a start-up in a process that imported Triton reaches (the
+  stand-in's module tree: the proof, the install and its check, a ``do_bench``'s flushes, the
+  undo, the outcome's line) -> Triton's flush is the plugin's only while b12x's install
+  stands, stock's after ``startup_complete`` (the class's methods), and no flush reads the
+  weights once the start-up ended;
 - an asynchronous exception at every runtime line of an ``evicting_from`` block's entry and
   exit -> the same, the block's weights collected;
 - an asynchronous exception at every line of the tools' ``install(...)`` -> the slot free and
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import threading
 import types
 import warnings
@@ -59,6 +65,7 @@ from support.stops import (
     interrupt,
     line_of,
 )
+from support.triton_stand_in import TritonModulesStandIn, triton_imported
 
 import flare_l2evict
 from flare_l2evict import StartupAudit
@@ -78,9 +85,12 @@ install): every line of them, nested functions, lambdas and comprehensions inclu
 point the sweeps stop at."""
 
 
-_MOVES = frozenset(str(_RUNTIME / name) for name in ("_startup.py", "_b12x/seam.py"))
+_MOVES = frozenset(
+    str(_RUNTIME / name) for name in ("_startup.py", "_b12x/seam.py", "_triton/seam.py")
+)
 """The files whose lines move the start-up's state (its phase, its slot, its undo steps, b12x's
-seam): the sweeps stop inside each of their lines too, after every C call returns."""
+seam, Triton's driver): the sweeps stop inside each of their lines too, after every C call
+returns."""
 
 
 def _traced(code: types.CodeType) -> bool:
@@ -208,6 +218,79 @@ def test_a_signal_at_any_runtime_line_of_a_start_up_never_strands_state(
     assert line_of(seam._rebind, "setattr(owner, name, replacement)") in seam_lines
     for target in lines[part::_SLICES]:
         _host_at(target, how)
+
+
+def _bench(made: TritonModulesStandIn) -> None:
+    """One ``do_bench`` of the host's, as an autotuner's: its flushes through the driver."""
+    made.do_bench(lambda: None, warmup=1, rep=2)
+
+
+def _triton_host(tracer: Tracer) -> None:
+    """:func:`_host`, in a process that imported Triton (the stand-in's): both seams, and a
+    ``do_bench`` between the hook and startup_complete."""
+    with triton_imported() as made:
+        host = runtime()
+        _run_traced(functools.partial(hook, host), tracer)
+        _run_traced(functools.partial(_bench, made), tracer)
+        _run_traced(functools.partial(complete, host), tracer)
+
+
+def _triton_points() -> tuple[Target, ...]:
+    """The points a start-up reaches only with Triton imported: its proof, its install, its
+    undo, its line (the rest are :func:`_host`'s, swept above)."""
+    plain = set(_first_hits(_host))
+    return tuple(target for target in _first_hits(_triton_host) if target not in plain)
+
+
+def _triton_host_at(target: Target, how: str) -> None:
+    """:func:`_host_at` with Triton imported: a signal handler's exception, or its
+    startup_complete, at ``target``; then Triton's flush is the plugin's only while b12x's
+    install stands, and stock's once the start-up is over, and never reads weights after it."""
+    with triton_imported() as made:
+        allocator = WitnessAllocatorStandIn(1024)
+        host = runtime(allocator=allocator, tensors={"w": torch.empty(64 * MiB // 4)})
+        alive = host.tensors["w"].untyped_storage()._weak_ref()
+        where = f"{how} at {target} (Triton imported)"
+        act = interrupt(where) if how == "raise" else functools.partial(_end_of, weakref.ref(host))
+        stop = Stop(target, act)
+        _run_traced(functools.partial(hook, host), stop)
+        assert allocator.backed in (None, True), f"{where}: a credit applied while unbacked"
+        if installed() is not None:  # kept: b12x's credit backed, and Triton's flush beside it
+            assert seam_is_ours() and not made.stock(), where
+        elif Startup.active() is None:
+            assert made.stock(), f"{where}: Triton's flush stayed the plugin's after the end"
+        # A flush the handler cuts, or one after it ended the start-up: never a weights read
+        # after the end (the eviction is released; a read then would raise here).
+        _run_traced(functools.partial(_bench, made), stop)
+        _run_traced(functools.partial(complete, host), stop)
+        assert stop.fired, f"{where}: the line was never reached"
+        assert made.stock(), f"{where}: Triton's flush stayed the plugin's after the end"
+        before = made.driver.made  # type: ignore[attr-defined]
+        _bench(made)  # stock's buffer, never the weights
+        assert made.driver.made == before + 1, where  # type: ignore[attr-defined]
+        del host
+        _nothing_stranded(where, alive)
+        again = runtime(tensors=_AGAIN)
+        assert hook(again).triton.installed, where
+        complete(again)
+        assert made.stock(), where
+
+
+@pytest.mark.slow  # a sweep: a start-up per point
+@pytest.mark.parametrize("how", ["raise", "end"])
+@pytest.mark.parametrize("part", range(_SLICES // 2))
+def test_a_signal_at_any_triton_line_of_a_start_up_never_strands_either_seam(
+    part: int, how: str
+) -> None:
+    # Issue 47: every point only a start-up with Triton imported reaches (the proof, the
+    # install and its check, the undo, the outcome's line), inside the lines of the seam too.
+    points = _triton_points()
+    files = {os.path.relpath(target.file, _RUNTIME) for target in points}
+    assert {"_triton/proof.py", "_triton/seam.py", "_triton/wing.py", "_triton/flush.py"} <= files
+    undo = [t for t in points if t.code.co_name == "put_back"]
+    assert any(t.event == "c_return" for t in undo) and any(t.event == "line" for t in undo)
+    for target in points[part :: _SLICES // 2]:
+        _triton_host_at(target, how)
 
 
 def _block_at(target: Target) -> None:

@@ -39,8 +39,9 @@ Behaviour -> outcome:
   plugin's lock; a profiler's mode that takes a host lock, and a host thread holding it that
   calls ``startup_complete`` or ``restore()`` -> both finish (a child process with a
   deadline);
-- any mix of allocator behaviours and raising attributes, on threads (a property test) ->
-  at most one credit, always backed until ``startup_complete``.
+- any mix of allocator behaviours and raising attributes, on threads (a property test), in a
+  process that imported Triton or not -> at most one credit, always backed until
+  ``startup_complete``; Triton's flush beside a credit, and stock after the end.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ from support.hosts import (
 from support.startups import end_any, installed
 from support.stops import Stop, at
 from support.sums import checksum
+from support.triton_stand_in import TritonModulesStandIn, triton_imported
 from support.watched import (
     AppliesThenRaisesHostErrorStandIn,
     HostErrorStandIn,
@@ -735,9 +737,24 @@ MODES = ["ok", "raise-before", "apply-then-raise", "re-enter", "keyboard"]
     modes=st.lists(st.sampled_from(MODES), min_size=1, max_size=2),
     overlapping=st.booleans(),
     on_error=st.sampled_from(["fallback", "raise"]),
+    triton=st.booleans(),
 )
 def test_no_host_behaviour_over_credits_or_leaves_a_credit_unbacked(
-    raising: str | None, modes: list[str], overlapping: bool, on_error: str
+    raising: str | None, modes: list[str], overlapping: bool, on_error: str, triton: bool
+) -> None:
+    # triton: the process imported Triton (the stand-in's), so its flush is installed beside
+    # b12x's eviction, and must be stock again whatever the hosts did.
+    with contextlib.ExitStack() as stack:
+        made = stack.enter_context(triton_imported()) if triton else None
+        _no_over_credit_or_unbacked_credit(raising, modes, overlapping, on_error, made)
+
+
+def _no_over_credit_or_unbacked_credit(
+    raising: str | None,
+    modes: list[str],
+    overlapping: bool,
+    on_error: str,
+    made: TritonModulesStandIn | None,
 ) -> None:
     tensors = aliases(8, 96 * MiB) if overlapping else weights()
     runtimes = [hostile(mode, tensors=tensors, raising=raising) for mode in modes]
@@ -765,9 +782,11 @@ def test_no_host_behaviour_over_credits_or_leaves_a_credit_unbacked(
     if applied:
         assert installation is not None and installation.offered_bytes == CREDIT
         assert seam_is_ours()  # backed until startup_complete
+        assert made is None or not made.stock()  # Triton's flush beside it
     for error in escaped:
         expected_base = isinstance(error, KeyboardInterrupt) and "keyboard" in modes
         expected_raise = on_error == "raise" and isinstance(error, L2EvictError)
         assert expected_base or expected_raise, repr(error)
     end_any()
     assert installed() is None and not seam_is_ours()
+    assert made is None or made.stock()

@@ -65,7 +65,7 @@ def test_unknown_key_names_the_key_and_the_allowed_ones() -> None:
         settings(section(windw=5))
     message = str(caught.value)
     assert "plugins.l2evict.windw: unknown key" in message
-    assert "enabled, window, exclude, on_error" in message
+    assert "enabled, window, exclude, on_error, triton" in message
     assert "\n" not in message
 
 
@@ -448,7 +448,7 @@ def test_a_section_of_endless_or_a_million_keys_is_refused_naming_the_cap() -> N
     endless, million, endless_list = run_python(_HOSTILE_SECTIONS, timeout=60).splitlines()
     for line in (endless, million):
         assert line.startswith(f"[plugins.l2evict] holds more than {MAX_SECTION_KEYS} keys"), line
-        assert "enabled, window, exclude, on_error" in line and "; fix: " in line, line
+        assert "enabled, window, exclude, on_error, triton" in line and "; fix: " in line, line
     assert f"at most {MAX_EXCLUDE_PATTERNS}" in endless_list, endless_list
 
 

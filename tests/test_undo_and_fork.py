@@ -91,9 +91,9 @@ def test_a_restore_during_a_measured_start_up_is_audited_as_a_fallback() -> None
 @pytest.mark.parametrize(
     ("where", "text"),
     [
-        ("core._run", "report = _report_of("),  # after the agreement, before the offer
+        ("core._settled", "report = _report_of("),  # after the agreement, before the offer
         ("Startup.offer", "return self._step(Event.OFFER) is Phase.OFFERING"),  # its commit
-        ("Startup.install", "seam.install(eviction, self._undo)"),  # b12x not changed yet
+        ("Startup.install", "each.install(eviction, self._undo)"),  # b12x not changed yet
         ("seam._rebind", "setattr(owner, name, replacement)"),  # mid-patch
     ],
 )
@@ -101,7 +101,7 @@ def test_a_restore_during_the_hook_never_leaves_a_credit_unbacked_or_the_seam_pa
     where: str, text: str
 ) -> None:
     function: Callable[..., Any] = {  # type: ignore[assignment]
-        "core._run": _core._run,
+        "core._settled": _core._settled,
         "Startup.offer": Startup.offer,
         "Startup.install": Startup.install,
         "seam._rebind": seam._rebind,

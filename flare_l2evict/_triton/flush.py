@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -71,6 +71,14 @@ class Counts:
     stock_bytes: int = 0
     stock_flushes: int = 0
     """Flushes of a buffer the plugin did not make, left to the driver's own method."""
+
+
+def copied(counts: Counts) -> Counts:
+    """A copy of ``counts`` for an audit, read without the lock: a signal handler that ends the
+    start-up may run on a thread that holds it, inside a flush's count (the sweeps of
+    tests/test_every_line.py found that wait). Each field is read whole; a flush counted while
+    the copy is made may show in one field and not yet in another."""
+    return replace(counts)
 
 
 def scratch_bytes(l2_cache_bytes: int, factor: float = 1.0) -> int:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from .._report import DeviceAudit, ReclaimReport, StartupAudit
+from .._report import DeviceAudit, ReclaimReport, StartupAudit, TritonAudit, TritonReport
 
 SCHEMA_VERSION: Final = 3
 """``"schema"`` of every JSON object the CLI prints: raised when a key changes meaning."""
@@ -81,6 +81,25 @@ _DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "credit stood (0 when the weights served every eviction).",
     },
     DeviceAudit: {"device": "The device the races asked on."},
+    TritonReport: {
+        "installed": "Whether Triton's do_bench (every @triton.autotune kernel too) flushes by "
+        "reading the weights, then zeroing a scratch, while this start-up is installed.",
+        "reason": "Why Triton's flush stays stock, or null when installed.",
+        "version": "The Triton version proven, or null.",
+        "scratch_bytes": "Bytes of the scratch each served do_bench call makes and zeroes "
+        "(one L2); never credited, a peak avoided.",
+        "stock_bytes": "What stock Triton allocates for each do_bench call's flush.",
+    },
+    TritonAudit: {
+        "installed": "Whether the plugin's flush stood on Triton's driver in this start-up.",
+        "calls": "do_bench calls whose flush buffer was the plugin's scratch.",
+        "flushes": "Flushes served: the weights read, then the scratch zeroed.",
+        "captured": "Of those, flushes captured into a CUDA graph.",
+        "scratch_bytes": "Most bytes one served do_bench call allocated for its flush.",
+        "stock_calls": "do_bench calls left to the driver's own flush (another device, or "
+        "after the start-up ended).",
+        "stock_bytes": "Most bytes one of those stock calls allocated.",
+    },
 }
 """What the fields of the plugin's own models (its report and audit) hold, where the model
 leaves it unsaid: the schema and the field tables say it for every key. Keyed by the models

@@ -1,14 +1,17 @@
-"""Triton 3.6's ``do_bench`` and driver config, vendored (``triton_3_6/``), and a CPU driver
-stand-in, so the Triton wing's tests run where Triton is not installed (CPU, CI)."""
+"""Triton 3.6's ``do_bench`` and driver config, vendored (``triton_3_6/``), a CPU driver
+stand-in, and a module tree of them set into ``sys.modules`` (:func:`triton_imported`), so the
+Triton wing's tests, and start-ups with the wing, run where Triton is not installed (CPU, CI)."""
 
 from __future__ import annotations
 import __future__
 
+import contextlib
 import math
 import statistics
+import sys
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +103,63 @@ def weights_eviction(
     """Resident CPU weights (ones; keep them) and an eviction reading ``window_bytes`` of them."""
     weights = torch.ones(words)
     return weights, WeightEviction(choose_weights({"w": weights}, "cpu", window_bytes))
+
+
+class TritonModulesStandIn:
+    """A host that imported Triton 3.6, on the CPU: ``triton``, ``triton.testing`` (the vendored
+    ``do_bench``), ``triton.runtime`` (its ``driver``, a vendored ``DriverConfig``) and
+    ``triton.backends.nvidia.driver`` (``CudaDriver`` is ``cuda``, a stand-in class) set into
+    ``sys.modules`` by :func:`triton_imported`, and taken out after."""
+
+    def __init__(self, driver: object, cuda: type) -> None:
+        self.config = vendored_config(lambda: driver)
+        self.driver = driver
+        self.cuda = cuda
+        self.do_bench: Callable[..., Any] = vendored_testing(self.config).do_bench
+        triton, testing, runtime, backends, nvidia, nvidia_driver = (
+            types.ModuleType(name)
+            for name in (
+                "triton",
+                "triton.testing",
+                "triton.runtime",
+                "triton.backends",
+                "triton.backends.nvidia",
+                "triton.backends.nvidia.driver",
+            )
+        )
+        triton.__version__ = "3.6.0"  # type: ignore[attr-defined]
+        testing.do_bench = self.do_bench  # type: ignore[attr-defined]
+        runtime.driver = self.config  # type: ignore[attr-defined]
+        nvidia_driver.CudaDriver = cuda  # type: ignore[attr-defined]
+        triton.testing, triton.runtime, triton.backends = testing, runtime, backends  # type: ignore[attr-defined]
+        backends.nvidia, nvidia.driver = nvidia, nvidia_driver  # type: ignore[attr-defined]
+        self.modules = {m.__name__: m for m in (triton, testing, runtime, backends, nvidia)}
+        self.modules[nvidia_driver.__name__] = nvidia_driver
+
+    def stock(self) -> bool:
+        """Whether the driver's two methods are its class's own again (no instance attribute)."""
+        return not {"get_empty_cache_for_benchmark", "clear_cache"} & set(vars(self.driver))
+
+
+@contextlib.contextmanager
+def triton_imported(
+    driver: object | None = None, cuda: type = CudaDriverStandIn, *, cpu_served: bool = True
+) -> Iterator[TritonModulesStandIn]:
+    """:class:`TritonModulesStandIn` in ``sys.modules`` for the block, around ``driver`` (a
+    fresh :class:`CudaDriverStandIn`), then gone. ``cpu_served``: the wing serves the CPU as it
+    serves CUDA, so the reference host's start-up installs it (the CPU stands in for CUDA)."""
+    from flare_l2evict._triton import wing
+
+    made = TritonModulesStandIn(CudaDriverStandIn() if driver is None else driver, cuda)
+    clash = [name for name in made.modules if name in sys.modules]
+    assert not clash, f"a Triton is imported already: {clash}"
+    served = wing.SERVED_DEVICES
+    sys.modules.update(made.modules)
+    if cpu_served:
+        wing.SERVED_DEVICES = served | {"cpu"}
+    try:
+        yield made
+    finally:
+        wing.SERVED_DEVICES = served
+        for name in made.modules:
+            sys.modules.pop(name, None)
