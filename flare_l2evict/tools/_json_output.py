@@ -1,9 +1,9 @@
 """What every ``--json`` output shares: its base model, its ``"schema"`` key, how it prints.
 
-Each command declares its output once, as a pydantic model built by the command
-(``startup``: :class:`~.cli.startup.StartupOutput` of two reference-host arms; ``plan``:
-:class:`~.cli.plan.PlanOutput`; ``check``: :class:`~.cli.check.CheckOutput`), and prints
-it with :func:`printed`. ``flare-l2evict schema COMMAND`` prints :func:`json_schema` of
+Each command declares its output once, as a pydantic model in ``cli/_outputs.py``
+(``startup``: :class:`~.cli._outputs.StartupOutput` of two reference-host arms; ``plan``:
+:class:`~.cli._outputs.PlanOutput`; ``check``: :class:`~.cli._outputs.CheckOutput`), loaded
+only by the command that prints it, and prints it with :func:`printed`. ``flare-l2evict schema COMMAND`` prints :func:`json_schema` of
 the same model, and ``scripts/command_line_docs.py`` writes docs/command-line.md's field tables
 from it. Torch-free: ``schema`` answers in well under a second.
 
