@@ -26,6 +26,7 @@ from .._preflight import (
 )
 from .._races_check import RaceAgreement
 from .._startup_arm import StartupArm
+from .._triton_check import CheckTriton
 
 
 class StartupOutput(Output):
@@ -78,6 +79,7 @@ class CheckOutput(Output):
     race_jobs: NonNegativeInt = Field(description="Race jobs credited (the profile's).")
     persisting_l2: PersistingL2 = Field(description="The persisting-L2 carve-out.")
     seam: CheckSeam = Field(description="b12x's seam.")
+    triton: CheckTriton = Field(description="Triton's do_bench flush, beside b12x's seam.")
     stock_buffer: CheckStockBuffer = Field(description="Stock's buffer per race job.")
     window: CheckWindow = Field(description="The window.")
     storage_read: CheckStorageRead = Field(description="The storage that would be read.")

@@ -144,6 +144,7 @@ def run_check(
     from .._inputs import ConfigFound
     from .._json_output import printed
     from .._preflight import Lines, basis, memory_bytes, provider, storage_and_credit
+    from .._triton_check import triton_seam
     from ._outputs import CheckOutput
     from ._shared import own_version
 
@@ -158,6 +159,8 @@ def run_check(
         found = provider(lines)
     with steps.step("basis"):
         measured = basis(lines, device, profile, settings)
+    with steps.step("triton"):
+        seam = triton_seam(lines, device, measured.basis.l2_cache_bytes, settings, measured.blocked)
     blocked = measured.blocked if settings.enabled else DISABLED
     with steps.step("decision"):
         memory = memory_bytes(device, profile)
@@ -209,6 +212,7 @@ def run_check(
         race_jobs=profile.race_jobs,
         persisting_l2=measured.persisting_l2,
         seam=measured.seam,
+        triton=seam,
         stock_buffer=measured.stock_buffer,
         window=measured.window,
         storage_read=decided.storage_read,

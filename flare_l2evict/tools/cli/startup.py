@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,7 +123,22 @@ def _run(args: argparse.Namespace) -> int:
     whole = (*deployment.found.whole(), *(shown(str(path)) for path in args.checkpoint))
     disabled = ours and not enabled
     fell_back = code == EXIT_FALLS_BACK
-    print(table(header, before, after, label, disabled=disabled, fell_back=fell_back, whole=whole))
+    # The reference host times nothing with Triton: its row says what a do_bench call in
+    # this process would allocate, so it is shown where the process imported Triton (or the
+    # plugin served it), never as noise for a host that has no Triton.
+    triton = "triton" in sys.modules
+    print(
+        table(
+            header,
+            before,
+            after,
+            label,
+            disabled=disabled,
+            fell_back=fell_back,
+            whole=whole,
+            triton=triton,
+        )
+    )
     return code
 
 
@@ -184,6 +200,17 @@ def _eviction_cell(arm: StartupArm) -> str:
     return f"{arm.eviction_storage_bytes:,} B"
 
 
+def _triton_cell(arm: StartupArm) -> str:
+    """What one ``do_bench`` call's flush allocates in this arm: the scratch, or stock's."""
+    from ..._report import TRITON_STOCK_BYTES
+
+    section = arm.report.triton if arm.report is not None else None
+    if section is not None and section.installed:
+        return f"{section.scratch_bytes:,} B (reads weights)"
+    stock = size_text(TRITON_STOCK_BYTES)
+    return stock if arm.report is None else f"{stock} (stock)"
+
+
 def _budget_cell(arm: StartupArm) -> str:
     return "out of memory" if arm.out_of_memory else size_text(arm.kv_budget_bytes)
 
@@ -201,11 +228,14 @@ def table(
     disabled: bool,
     fell_back: bool = False,
     whole: Sequence[str] = (),
+    triton: bool = False,
 ) -> str:
     """The seed's table: each figure without and with plugins, then the notes under it.
 
     The header's lines are wrapped, each of ``whole`` (a path) kept whole. ``fell_back``: the
-    plugin was asked for, enabled, and fell back; a note under the table says why."""
+    plugin was asked for, enabled, and fell back; a note under the table says why.
+    ``triton``: the host imported Triton, so a row shows what one ``do_bench`` call's flush
+    allocates (also shown where the plugin served it); a note says why it stayed stock."""
     measured = " (measured)" if after.eviction_measured else ""
     # enabled = false is the operator's choice, not a fallback: the words check and plan use.
     asked = after.reclaimed_bytes + after.credit_cut_bytes  # the report's own figure
@@ -218,6 +248,10 @@ def table(
         ("KV tokens", f"{before.kv_tokens:,}", f"{after.kv_tokens:,}"),
         ("Reclaimed (report)", "-", reclaimed),
     ]
+    served = after.report is not None and after.report.triton.installed
+    if triton or served:
+        # Beside b12x's eviction storage: both are what a flush would otherwise allocate.
+        rows.insert(2, ("Triton flush per call", _triton_cell(before), _triton_cell(after)))
     if after.credit_cut_bytes:
         rows.append(("Credit taken", "-", f"{after.reclaimed_bytes:,} B (free at the hook)"))
     if after.kv_sizing == "measured":
@@ -244,7 +278,14 @@ def table(
     lines += [f"{a:<{widths[0]}}   {b:>{widths[1]}}   {c:>{widths[2]}}" for a, b, c in rows]
     # The plugin's report and audit are its own log lines (stderr): printing them here
     # too would say each fact twice. The table says what only the host knows.
-    return "\n".join([*lines, *_notes(before, after, label, fell_back=fell_back)])
+    notes = _notes(before, after, label, fell_back=fell_back)
+    section = after.report.triton if after.report is not None else None
+    if (triton or served) and section is not None and not section.installed:
+        from ..._triton.proof import STOCK
+
+        why = (section.reason or "no reason given").removesuffix(f"; {STOCK}")
+        notes.append(wrapped(f"note: {label}: {STOCK}: {shown(why, 600)}"))
+    return "\n".join([*lines, *notes])
 
 
 def _notes(before: StartupArm, after: StartupArm, label: str, *, fell_back: bool) -> list[str]:
