@@ -3,9 +3,10 @@
 Each command declares its output once, as a pydantic model in ``cli/_outputs.py``
 (``startup``: :class:`~.cli._outputs.StartupOutput` of two reference-host arms; ``plan``:
 :class:`~.cli._outputs.PlanOutput`; ``check``: :class:`~.cli._outputs.CheckOutput`), loaded
-only by the command that prints it, and prints it with :func:`printed`. ``flare-l2evict schema COMMAND`` prints :func:`json_schema` of
-the same model, and ``scripts/command_line_docs.py`` writes docs/command-line.md's field tables
-from it. Torch-free: ``schema`` answers in well under a second.
+only by the command that prints it, and prints it with :func:`printed`.
+``flare-l2evict schema COMMAND`` prints :func:`json_schema` of the same model, and
+``scripts/command_line_docs.py`` writes docs/command-line.md's field tables from it.
+Torch-free: ``schema`` answers in well under a second.
 
 :data:`SCHEMA_VERSION` is the ``"schema"`` key of every object: it rises when a key changes
 meaning (3: ``check`` without a checkpoint says ``installs if`` and the ``condition``,
