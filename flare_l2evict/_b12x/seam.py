@@ -14,8 +14,6 @@ Passive: nothing here imports the start-up or calls back into it.
 from __future__ import annotations
 
 import inspect
-import os
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ from typing import Literal
 
 import torch
 
+from .. import _counting
 from .._errors import InstallError
 from .._eviction import EvictionHandle, WeightEviction
 from .._weights import same_device
@@ -30,19 +29,6 @@ from .proof import MARK, CreditBasis, Flush, SeamFunction, SeamProof, allocated,
 
 Mechanism = Literal["fork", "stock-seam"]
 Undo = list[Callable[[], None]]
-
-# Race jobs drop their handles on whatever thread they run; the counts are kept under
-# this lock, which guards nothing but a few integers (never a call), made anew in a
-# forked child (the thread that held it does not exist there).
-_counting = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    global _counting
-    _counting = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass
@@ -127,12 +113,12 @@ class StockSeam(Seam):
         return self.counts.setdefault(_device_key(device), Counts())
 
     def _handed(self) -> None:
-        with _counting:
+        with _counting.lock:
             self.alive += 1
             self.peak = max(self.peak, self.alive)
 
     def _dropped(self) -> None:
-        with _counting:
+        with _counting.lock:
             self.alive -= 1
 
     def _stock(self, device: object, fallback: bool) -> Flush | None:

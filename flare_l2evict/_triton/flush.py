@@ -22,30 +22,17 @@ Passive: nothing here imports the start-up or calls back into it.
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
+from .. import _counting
 from .._eviction import WeightEviction
 from .proof import MARK
 
 WORD = 4
 """Bytes of one int32 word of the scratch, as stock's buffer is made of."""
-
-# do_bench may run on any thread; the counts are kept under this lock, which guards a few
-# integers (never a call), made anew in a forked child (the thread that held it is gone).
-_counting = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    global _counting
-    _counting = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass
@@ -119,7 +106,7 @@ class FlushToken:
         released). Allocates nothing, never synchronises; pins what it reads when captured."""
         if self.eviction.released:
             self.scratch.zero_()
-            with _counting:
+            with _counting.lock:
                 self.counts.scratch_only += 1
             return
         captured = _capturing(self.scratch.device)
@@ -127,7 +114,7 @@ class FlushToken:
             self.pinned = self.eviction.views()  # before the read: a replay reads these
         self.eviction()
         self.scratch.zero_()  # a write, as stock's: the L2 is left dirty
-        with _counting:
+        with _counting.lock:
             self.counts.flushes += 1
             self.counts.captured += captured
 
@@ -170,12 +157,12 @@ def flush_methods(
     def get_empty_cache_for_benchmark() -> object:
         if eviction.released or device_now(home.type) != home:
             made = make()
-            with _counting:
+            with _counting.lock:
                 counts.stock_calls += 1
                 counts.stock_bytes = max(counts.stock_bytes, stored_bytes(made))
             return made
         token = FlushToken(eviction, torch.empty(words, dtype=torch.int32, device=home), counts)
-        with _counting:
+        with _counting.lock:
             counts.calls += 1
             counts.scratch_bytes = max(counts.scratch_bytes, words * WORD)
         return token
@@ -184,7 +171,7 @@ def flush_methods(
         if type(cache) is FlushToken:  # made by any installation of the plugin
             cache.clear()
             return
-        with _counting:
+        with _counting.lock:
             counts.stock_flushes += 1
         clear(cache)
 
