@@ -175,20 +175,28 @@ def _end_of(host: weakref.ref[ReferenceRuntime]) -> None:
         complete(found)
 
 
-def _host_at(target: Target, how: str) -> None:
-    """A start-up whose hook meets, at the first hit of ``target``, a signal handler that
-    raises (``how = "raise"``) or calls startup_complete with the host's runtime
-    (``"end"``); then its own startup_complete. The promises hold after each."""
+def _hooked_at(target: Target, how: str, where: str) -> tuple[ReferenceRuntime, Any, str, Stop]:
+    """A host's hook that meets, at the first hit of ``target``, a signal handler that raises
+    (``how = "raise"``) or calls startup_complete with the host's runtime (``"end"``); no credit
+    applied while unbacked. The host, its weights' weak reference, ``where`` and the stop."""
     allocator = WitnessAllocatorStandIn(1024)
     # Uninitialised: no race reads them here, and 800 memsets of 64 MiB cost seconds.
     host = runtime(allocator=allocator, tensors={"w": torch.empty(64 * MiB // 4)})
     alive = host.tensors["w"].untyped_storage()._weak_ref()
-    where = f"{how} at {target}"
     # Held weakly: a frame the trace function still marks must not keep the host alive.
     act = interrupt(where) if how == "raise" else functools.partial(_end_of, weakref.ref(host))
     stop = Stop(target, act)
     _run_traced(functools.partial(hook, host), stop)
     assert allocator.backed in (None, True), f"{where}: a credit applied while unbacked"
+    return host, alive, where, stop
+
+
+def _host_at(target: Target, how: str) -> None:
+    """A start-up whose hook meets, at the first hit of ``target``, a signal handler that
+    raises (``how = "raise"``) or calls startup_complete with the host's runtime
+    (``"end"``); then its own startup_complete. The promises hold after each."""
+    host, alive, where, stop = _hooked_at(target, how, f"{how} at {target}")
+    allocator = host.kv_allocator
     active = installed()
     if active is not None:  # kept: then credited, and backed (or a measured install)
         assert active.offered_bytes == CREDIT and seam_is_ours(), where
@@ -247,14 +255,7 @@ def _triton_host_at(target: Target, how: str) -> None:
     startup_complete, at ``target``; then Triton's flush is the plugin's only while b12x's
     install stands, and stock's once the start-up is over, and never reads weights after it."""
     with triton_imported() as made:
-        allocator = WitnessAllocatorStandIn(1024)
-        host = runtime(allocator=allocator, tensors={"w": torch.empty(64 * MiB // 4)})
-        alive = host.tensors["w"].untyped_storage()._weak_ref()
-        where = f"{how} at {target} (Triton imported)"
-        act = interrupt(where) if how == "raise" else functools.partial(_end_of, weakref.ref(host))
-        stop = Stop(target, act)
-        _run_traced(functools.partial(hook, host), stop)
-        assert allocator.backed in (None, True), f"{where}: a credit applied while unbacked"
+        host, alive, where, stop = _hooked_at(target, how, f"{how} at {target} (Triton imported)")
         if installed() is not None:  # kept: b12x's credit backed, and Triton's flush beside it
             assert seam_is_ours() and not made.stock(), where
         elif Startup.active() is None:

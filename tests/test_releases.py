@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from support.fake_b12x import wheel_without_b12x
-from support.scripts import script
+from support.scripts import discovery_without, script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,12 +42,7 @@ def test_every_recorded_registry_release_has_a_row(capsys: pytest.CaptureFixture
 def test_removing_a_row_makes_discovery_fail_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], removed: str
 ) -> None:
-    table = releases.read_table()
-    del table[removed]
-    path = tmp_path / "table.json"
-    path.write_text(json.dumps(table))
-    argv = ["--discover", "--table", str(path)]
-    assert releases.main(argv, list_versions=recorded_registry_stand_in) == 1
+    assert discovery_without(releases, removed, tmp_path, recorded_registry_stand_in) == 1
     err = capsys.readouterr().err
     assert (
         f"{removed}: no judged row; judge it and write its row with: "

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support.scripts import script
+from support.scripts import discovery_without, script
 from support.triton_stand_in import excerpt
 from support.triton_wheel import triton_wheel_stand_in
 
@@ -72,12 +72,7 @@ def test_every_recorded_registry_release_from_3_0_has_a_row(
 def test_removing_a_row_makes_discovery_fail_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], removed: str
 ) -> None:
-    table = releases.read_table()
-    del table[removed]
-    path = tmp_path / "table.json"
-    path.write_text(json.dumps(table))
-    argv = ["--discover", "--table", str(path)]
-    assert releases.main(argv, list_versions=recorded_registry_stand_in) == 1
+    assert discovery_without(releases, removed, tmp_path, recorded_registry_stand_in) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == [
         f"{removed}: no judged row; judge it and write its row with: "

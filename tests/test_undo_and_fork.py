@@ -525,17 +525,23 @@ def test_a_real_signal_inside_restores_loses_no_step_and_frees_no_slot_early(
 
 
 # 5. What the attack on the undo steps found (issue 46): each fails on the first rewrite.
+def _credited_with_one_undo_step() -> tuple[ReferenceRuntime, Startup, Callable[[], None]]:
+    """A host's start-up, credited, with b12x's seam the plugin's: its one undo step."""
+    host = runtime()
+    assert hook(host).reclaimed_bytes == CREDIT and seam_is_ours()
+    active = Startup.active()
+    assert active is not None
+    (step,) = active._undo
+    return host, active, step
+
+
 def test_a_step_an_interrupt_cut_short_is_never_dropped_by_another_threads_restore() -> None:
     # startup_complete's restore claims the step and enters it; an operator's restore() on
     # another thread skips it (claimed) and is preempted before its _vacate; Ctrl-C lands at
     # the step's entry, and the claim is dropped with the step unrun; the operator goes on.
     # Before, its _vacate took "registered, claimed by no running call" for a failed step,
     # dropped it and freed the slot: the seam stayed the plugin's, and nothing could undo it.
-    host = runtime()
-    assert hook(host).reclaimed_bytes == CREDIT and seam_is_ours()
-    active = Startup.active()
-    assert active is not None
-    (step,) = active._undo
+    host, active, step = _credited_with_one_undo_step()
     operator = contextlib.ExitStack()
 
     def operator_paused_then_ctrl_c() -> None:
@@ -589,11 +595,7 @@ def test_a_fork_inside_an_undo_step_keeps_the_forking_threads_claim() -> None:
     # the forking thread's own too: the handler's restore ran the step and freed the slot,
     # the next start-up installed and stood credited, and the old step then wrote stock over
     # it. Now the claim stands while its call runs, and the next start-up is refused meanwhile.
-    host = runtime()
-    assert hook(host).reclaimed_bytes == CREDIT and seam_is_ours()
-    active = Startup.active()
-    assert active is not None
-    (step,) = active._undo
+    host, _, step = _credited_with_one_undo_step()
     read, write = os.pipe()
     forked: list[int] = []
     said: list[str] = []
