@@ -111,7 +111,8 @@ def test_a_proven_seam_on_a_served_device_shows_the_scratch_against_stock(
         lines[0] == "triton: 3.6.0; judged table: installs; do_bench's flush would read the weights"
     )
     assert detail(lines) == (
-        f"then zero a scratch of {SCRATCH:,} bytes per call (stock: 268,435,456)"
+        f"then zero a scratch of {SCRATCH:,} bytes per call (stock: 268,435,456), if the "
+        "server imports triton before the hook"
     )
     assert code == 0
     assert figures == {

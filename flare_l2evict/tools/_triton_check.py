@@ -45,7 +45,8 @@ class CheckTriton(Output):
     )
     would_install: bool = Field(
         description="True: on this device, do_bench's flush would read the weights, then zero "
-        "the scratch (the seam proof passed here); false: it stays stock (reason says why)."
+        "the scratch (the seam proof passed here), where the server imports triton before "
+        "before_first_capture; false: it stays stock (reason says why)."
     )
     reason: str | None = Field(description="Why it stays stock, or null.")
     scratch_bytes: NonNegativeInt = Field(
@@ -128,7 +129,8 @@ def triton_seam(
     proof, reason = found.verdict.proof, found.verdict.reason
     served = device.type in SERVED_DEVICES
     if proof is not None and served and blocked is None:
-        lines.line(f"{head}; {reads}", zeroes)
+        # Start-up serves only a Triton the server imported before the hook; check imported it.
+        lines.line(f"{head}; {reads}", f"{zeroes}, if the server imports triton before the hook")
         return CheckTriton(
             version=found.version,
             judged=verdict,
