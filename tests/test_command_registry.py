@@ -8,14 +8,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from support.scripts import script
 
-from flare_l2evict.tools._signals import settled
+from flare_l2evict.tools._signals import settled, temporary_directory
 from flare_l2evict.tools.cli import COMMANDS, Command, example, main, plan
 from flare_l2evict.tools.cli._shared import Exits, Listed, Parser, parser
 
@@ -304,3 +307,52 @@ def test_a_ctrl_c_as_the_handlers_are_put_back_ends_with_the_commands_own_code(
     assert len(list((tmp_path / "ex").iterdir())) == 10
     assert after is _a_programs_sigterm
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _ctrl_c_after(call: Any) -> Any:
+    """``call``, then a real SIGINT sent to this process: Ctrl-C just after it returned."""
+
+    def then_ctrl_c(*args: Any, **kwargs: Any) -> Any:
+        done = call(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return done
+
+    return then_ctrl_c
+
+
+def _ctrl_c_half_way(rmtree: Any) -> Any:
+    """``shutil.rmtree`` that removes one file, then meets a real Ctrl-C, once."""
+    sent: list[bool] = []
+
+    def half_way(path: str, *args: Any, **kwargs: Any) -> Any:
+        if not sent:
+            sent.append(True)
+            next(Path(path).iterdir()).unlink()
+            os.kill(os.getpid(), signal.SIGINT)
+        return rmtree(path, *args, **kwargs)
+
+    return half_way
+
+
+@pytest.mark.parametrize("at", ["made", "removing"])
+def test_a_ctrl_c_as_startups_temporary_dir_is_made_or_removed_leaves_nothing(
+    at: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Ctrl-C sweep (tests/test_ctrl_c_from_spawn.py) once caught `startup` saying
+    # "temporary files removed" with its scratch dir left in TMPDIR: the interrupt landed
+    # just after mkdtemp made it (before anything owned it), or inside the removal.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if at == "made":
+                monkeypatch.setattr(os, "mkdir", _ctrl_c_after(os.mkdir))
+            with temporary_directory("flare-l2evict-") as scratch:
+                if at == "removing":
+                    monkeypatch.setattr(shutil, "rmtree", _ctrl_c_half_way(shutil.rmtree))
+                Path(scratch, "a").write_text("x")
+                Path(scratch, "b").write_text("x")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []

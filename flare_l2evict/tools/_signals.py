@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import os
 import signal
 import threading
 from typing import TYPE_CHECKING
@@ -169,3 +170,44 @@ def settled() -> None:
     """
     if _running and _main_thread():
         _running[-1].settle()
+
+
+@contextlib.contextmanager
+def temporary_directory(prefix: str) -> Iterator[str]:
+    """A private temporary directory (mode 0o700) for the body, gone after it, however it ends.
+
+    Its path is known before the directory exists (one ``os.mkdir``), so a Ctrl-C right after
+    the ``mkdir`` still finds it named here and removed; and a Ctrl-C inside the removal lets
+    the removal finish before it goes on. A hold (:func:`held`) would not do: the signal mask
+    is this thread's, and a Ctrl-C the kernel hands to another thread (torch's) still runs
+    Python's handler here."""
+    import secrets
+    import tempfile
+
+    path: str | None = None
+    try:
+        while path is None:
+            path = os.path.join(tempfile.gettempdir(), f"{prefix}{secrets.token_hex(8)}")
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:  # not ours: never removed here
+                path = None
+        yield path
+    finally:
+        if path is not None:
+            _removed(path)
+
+
+def _removed(path: str) -> None:
+    """``path`` removed whole; a Ctrl-C that lands inside the removal is raised once it is done."""
+    import shutil
+
+    caught: BaseException | None = None
+    while True:
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            break
+        except KeyboardInterrupt as error:
+            caught = error
+    if caught is not None:
+        raise caught

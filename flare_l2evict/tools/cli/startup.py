@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -174,7 +173,9 @@ def _start_ups(
             f"{profile.memory_bytes:,}",
         )
     label = " ".join(f"--plugin {name}" for name in args.plugin) or "with no --plugin"
-    with tempfile.TemporaryDirectory(prefix="flare-l2evict-") as scratch:
+    from .. import _signals
+
+    with _signals.temporary_directory("flare-l2evict-") as scratch:
         if args.checkpoint:
             checkpoint = args.checkpoint
         else:
